@@ -1,0 +1,118 @@
+// run.yaml: parsing, validation, defaults, --set overrides, and the config hash.
+//
+// The flow follows LibTorch's DataLoaderOptions -> FullDataLoaderOptions: the YAML file and
+// the --set overrides are read into a flat table of dotted keys checked against one schema
+// (config.cpp, kSchema), then resolve() fills defaults and produces the typed RunConfig that
+// the rest of gpurun reads. Every error names the file, line, key and value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace gpurun {
+
+struct ModelConfig {
+  std::string name = "cnn";            ///< registry name: mlp, cnn, or a plugin's
+  std::vector<int64_t> hidden{256, 128};  ///< mlp: widths of the hidden layers
+  std::vector<int64_t> channels{32, 64};  ///< cnn: output channels of each conv block
+  double dropout = 0.0;                ///< probability in [0, 1)
+  bool batch_norm = false;             ///< cnn: BatchNorm after every convolution
+};
+
+struct DataConfig {
+  std::string name = "idx";                             ///< registry name of the dataset
+  std::string path = "/usr/share/datasets/fashion-mnist";  ///< directory of the IDX files
+  int64_t train_samples = 0;  ///< 0: all; otherwise the first N training samples
+  int64_t eval_samples = 0;   ///< 0: all; otherwise the first N test samples
+};
+
+struct OptimConfig {
+  std::string name = "adam";  ///< sgd | adam | adamw
+  double lr = 1e-3;
+  double momentum = 0.0;  ///< sgd
+  bool nesterov = false;  ///< sgd; needs momentum > 0
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
+  double grad_clip = 0.0;  ///< max global L2 norm of the gradients; 0: off
+};
+
+struct ScheduleConfig {
+  std::string name = "constant";  ///< constant | step | cosine
+  int64_t warmup_steps = 0;       ///< linear warm-up from lr/warmup_steps to lr, optimizer steps
+  int64_t step_size = 1000;       ///< step: multiply by gamma every step_size optimizer steps
+  double gamma = 0.1;
+  double min_lr = 0.0;  ///< cosine: the floor reached at the last optimizer step
+};
+
+struct TrainConfig {
+  int64_t epochs = 1;
+  int64_t batch_size = 64;         ///< global batch: samples per optimizer step, all ranks
+  int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step and rank
+  int64_t eval_batch_size = 256;
+  int64_t seed = 0;
+  int64_t threads = 0;  ///< intra-op threads; 0: LibTorch's default
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;  ///< also save every N optimizer steps; 0: only per epoch
+  double every_minutes = 0;  ///< also save every N minutes; 0: off
+  int64_t keep_last = 3;     ///< complete checkpoints kept; the newest is never deleted
+  double grace_seconds = 25;  ///< time a signal leaves us to save and exit
+  double lease_timeout = 60;  ///< seconds after which a silent lease is stale
+};
+
+struct LogConfig {
+  int64_t every_steps = 10;  ///< a `step` event every N optimizer steps
+};
+
+/// The resolved configuration: every default filled in, every value checked.
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  std::string source;  ///< the file it came from, for messages
+};
+
+/// Reads `path` and applies `overrides` ("train.epochs=3", later ones win) on top.
+/// Throws ConfigError naming file:line, key and value for an unknown key (with the nearest
+/// valid key suggested), a wrong type, or an out-of-range value; and for an unreadable file.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Same as load_config, from YAML text already in memory (`source_name` is used in messages).
+RunConfig parse_config(const std::string& yaml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides = {});
+
+/// The resolved config as JSON, nested by section (stored in every manifest).
+nlohmann::json config_to_json(const RunConfig& config);
+
+/// Inverse of config_to_json; throws ConfigError on a malformed object.
+RunConfig config_from_json(const nlohmann::json& j);
+
+/// The keys that change what is learned: every key of model, data, optim, schedule and train
+/// except train.epochs (design.md, "config_hash"). Dotted names, sorted.
+std::vector<std::string> training_keys();
+
+/// xxh3-64 in hex over the canonical JSON of training_keys()' values.
+std::string config_hash(const RunConfig& config);
+
+/// Dotted keys whose training-relevant values differ between `a` and `b`, as
+/// "optim.lr: 0.001 -> 0.01"; empty when the hash would be equal.
+std::vector<std::string> changed_training_keys(const RunConfig& a, const RunConfig& b);
+
+/// The resolved config as an aligned, human-readable block of "key  value" lines.
+std::string format_resolved(const RunConfig& config);
+
+/// Parses a SIZE ("512MiB", "24GiB", "1000000", "2GB"): bytes. Throws ConfigError.
+int64_t parse_size(const std::string& text);
+
+/// Bytes as "1.50 GiB" for messages.
+std::string format_bytes(int64_t bytes);
+
+}  // namespace gpurun
