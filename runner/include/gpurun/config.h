@@ -109,6 +109,10 @@ std::vector<std::string> changed_training_keys(const RunConfig& a, const RunConf
 /// The resolved config as an aligned, human-readable block of "key  value" lines.
 std::string format_resolved(const RunConfig& config);
 
+/// Every config key, one line each: name, default, accepted values and what it does
+/// (for --help and the docs).
+std::string format_config_keys();
+
 /// Parses a SIZE ("512MiB", "24GiB", "1000000", "2GB"): bytes. Throws ConfigError.
 int64_t parse_size(const std::string& text);
 
