@@ -7,7 +7,9 @@
 // exponential backoff, each retry logged with the path and errno.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gpurun::fs {
 
@@ -29,6 +31,16 @@ void rename_durable(const std::string& from, const std::string& to);
 
 /// fsync of a directory, so that entries created or renamed in it are durable. Throws IoError.
 void sync_dir(const std::string& dir);
+
+/// Whether `path` exists (lstat(2): a dangling symlink exists). Throws IoError for other errors.
+bool exists(const std::string& path);
+
+/// Size of `path` in bytes (stat(2)), or -1 when it does not exist. Throws IoError.
+int64_t file_size(const std::string& path);
+
+/// The names in `dir` (without "." and ".."), sorted; empty when `dir` does not exist.
+/// Throws IoError.
+std::vector<std::string> list_dir(const std::string& dir);
 
 /// mkdir -p. Throws IoError.
 void make_dirs(const std::string& dir);
