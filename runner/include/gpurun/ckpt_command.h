@@ -1,0 +1,31 @@
+// `gpurun ckpt list|verify|inspect DIR [--json]` (design.md, "Command line").
+//
+//   list     every ckpt-* folder of the checkpoint root DIR: epoch, global step, bytes, whether
+//            it is complete (manifest present, sizes match) or what is wrong, and which one
+//            LATEST names. --json: {"dir", "checkpoints": [...], "latest", "newest_complete"}.
+//   verify   checks every checkpoint in DIR, checksums included, and prints each result.
+//            --json: {"dir", "ok", "checkpoints": [{"name", "complete", "problem"}],
+//            "newest_complete"}. Exit 0 when at least one verifies (the newest complete
+//            checkpoint is then the newest one that verifies), 1 when none does.
+//   inspect  DIR is the checkpoint root (meaning its newest complete checkpoint) or one ckpt-*
+//            folder; prints that checkpoint's manifest: --json the manifest itself, otherwise a
+//            readable summary. Exit 0 when it verifies, 1 when the folder's manifest is readable
+//            but the checkpoint does not verify.
+//
+// The one report goes to `out` (stdout in the binary); with --json `out` receives exactly one
+// JSON object. Diagnostics go to spdlog, which main() points at stderr.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+namespace gpurun {
+
+/// Runs `gpurun ckpt ACTION DIR [--json]` and returns the process exit code.
+/// Throws ConfigError (exit 2) for an unknown action or a DIR that is missing or not a
+/// directory, ResumeError (exit 3) for `inspect` when there is no checkpoint manifest to show
+/// (a root without a complete checkpoint, a folder without a readable manifest.json), and
+/// IoError (exit 1) when the storage fails.
+int ckpt_command(const std::string& action, const std::string& dir, bool json, std::ostream& out);
+
+}  // namespace gpurun
