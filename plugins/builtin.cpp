@@ -1,0 +1,8 @@
+#include "builtin.h"
+
+namespace gpurun {
+void register_builtin_plugins(Registry& registry) {
+  register_builtin_models(registry);
+  register_builtin_datasets(registry);
+}
+}  // namespace gpurun

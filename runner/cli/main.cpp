@@ -1,0 +1,30 @@
+// gpurun: parse the command line, call the library, map errors to exit codes (design.md).
+#include <exception>
+#include <iostream>
+
+#include <spdlog/spdlog.h>
+
+#include "builtin.h"
+#include "gpurun/cli.h"
+#include "gpurun/errors.h"
+#include "gpurun/registry.h"
+#include "gpurun/signals.h"
+
+int main(int argc, char** argv) {
+  // First, so that a signal at any moment ends in exit 75, never 143.
+  gpurun::install_signal_handlers();
+  gpurun::setup_logging();
+  try {
+    gpurun::Command command = gpurun::parse_command_line(argc, argv);
+    gpurun::Registry registry;
+    gpurun::register_builtin_plugins(registry);
+    return gpurun::run_command(command, registry, std::cout);
+  } catch (const std::exception& e) {
+    const int code = gpurun::exit_code_for(e);
+    if (code == gpurun::kExitSignal)
+      spdlog::warn("{}", e.what());
+    else
+      spdlog::error("{}", e.what());
+    return code;
+  }
+}

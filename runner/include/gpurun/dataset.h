@@ -1,0 +1,56 @@
+// Datasets: in-memory samples that the trainer indexes by a per-epoch permutation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace gpurun {
+
+/// One batch: inputs [B, ...] float32 ready for the model, targets [B] int64 class indices.
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+};
+
+/// Random access to N samples.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  /// The samples at `indices` (int64 [B], each in [0, size())), in that order.
+  virtual Batch get(const at::Tensor& indices) const = 0;
+};
+
+/// A dataset from tensors already in host memory. `inputs` [N, ...] of any dtype is
+/// converted per batch by `transform` (e.g. uint8 pixels to normalised float32), which keeps
+/// the resident copy small; `targets` [N] int64.
+class TensorDataset : public Dataset {
+ public:
+  using Transform = std::function<at::Tensor(const at::Tensor&)>;
+  TensorDataset(at::Tensor inputs, at::Tensor targets, Transform transform = {});
+  int64_t size() const override;
+  Batch get(const at::Tensor& indices) const override;
+
+ private:
+  at::Tensor inputs_, targets_;
+  Transform transform_;
+};
+
+/// What a dataset factory returns: both splits and the shape information models need.
+struct DatasetSplits {
+  std::shared_ptr<Dataset> train;
+  std::shared_ptr<Dataset> eval;
+  std::vector<int64_t> input_shape;  ///< shape of one sample, e.g. {1, 28, 28}
+  int64_t num_classes = 0;
+};
+
+/// The order of epoch `epoch`'s samples: a permutation of [0, n) drawn from a generator
+/// seeded with (seed, epoch) alone, so any epoch's order is reproducible without saved state.
+at::Tensor epoch_permutation(int64_t n, int64_t seed, int64_t epoch);
+
+}  // namespace gpurun

@@ -1,0 +1,21 @@
+// Test-only fault injection, driven by the environment so that tests run the real binary:
+//
+//   GPURUN_FAULT=ACTION:POINT:N[,ACTION:POINT:N...]
+//     ACTION  sigkill (the process SIGKILLs itself) | abort (SIGABRT, like a crash) |
+//             exit1 (exit code 1) | sigterm (a stop request, as from `kill`)
+//     POINT   after_step (N = optimizer steps completed) | after_save (N = saves completed
+//             by this process) | before_rename (N = saves started by this process; fires
+//             after every file of the checkpoint is written, before the folder is renamed)
+//
+// Faults fire only in the process whose GPURUN_RESTART_COUNT matches GPURUN_FAULT_RESTART
+// (default 0), so a supervised restart runs clean.
+#pragma once
+
+#include <cstdint>
+
+namespace gpurun {
+
+/// Fires the configured fault when `point` reaches `count`. No-op without GPURUN_FAULT.
+void fault_point(const char* point, int64_t count);
+
+}  // namespace gpurun

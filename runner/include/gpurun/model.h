@@ -1,0 +1,44 @@
+// The model interface gpurun trains: an ordered list of segments.
+//
+// A model is a torch::nn::Module whose forward pass is the composition of its segments,
+// x -> segment_0 -> segment_1 -> ... -> logits. Segments are the units of activation
+// checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): a
+// checkpointed segment keeps only its input during the forward pass and recomputes its
+// activations in the backward pass. Built-in models and plugins build their layers into
+// segments with add_segment().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+
+namespace gpurun {
+
+class SegmentedModel : public torch::nn::Module {
+ public:
+  /// Input: a batch [N, ...] of float32; output: logits [N, classes].
+  torch::Tensor forward(torch::Tensor x);
+
+  /// Appends a segment (registered as submodule `name`); returns it.
+  torch::nn::Sequential add_segment(const std::string& name, torch::nn::Sequential segment);
+
+  const std::vector<torch::nn::Sequential>& segments() const { return segments_; }
+  const std::vector<std::string>& segment_names() const { return names_; }
+
+
+ private:
+  std::vector<torch::nn::Sequential> segments_;
+  std::vector<std::string> names_;
+};
+
+/// The tensors of `model`'s state_dict in PyTorch's order (each module's own parameters,
+/// then its own buffers, then its children's, depth first), with dotted names.
+std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& model);
+
+/// xxh3-64 (16 hex digits) over the raw bytes of every tensor of state_dict(model), in
+/// order: equal digests mean bit-identical weights (design.md, "model_digest").
+std::string model_digest(const torch::nn::Module& model);
+
+}  // namespace gpurun

@@ -1,0 +1,24 @@
+// Stop requests by signal: SIGTERM (spot reclaim, `kill`), SIGINT (Ctrl-C), SIGUSR1 (Slurm's
+// --signal=USR1@120 before the time limit), SIGUSR2.
+//
+// The handlers only record the signal; the trainer polls stop_signal() at every step boundary,
+// writes a checkpoint and exits 75 (kExitSignal). A second SIGINT exits 75 at once, without
+// touching the last complete checkpoint (a save in flight leaves a .tmp- folder that the next
+// run cleans).
+#pragma once
+
+namespace gpurun {
+
+/// Installs the handlers; call first thing in main(), before anything can take time.
+void install_signal_handlers();
+
+/// The first stop signal received since start (or the last clear), 0 when none.
+int stop_signal() noexcept;
+
+/// Forgets a received signal (tests).
+void clear_stop_signal() noexcept;
+
+/// Records a stop request as if `signal_number` had arrived (used by the fault hooks).
+void request_stop(int signal_number) noexcept;
+
+}  // namespace gpurun

@@ -1,0 +1,51 @@
+// What a run tells the user and the tools watching it (design.md, "Run directory"):
+// metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
+// and a progress line on stderr that refreshes in place on a terminal and prints plain
+// periodic lines when stderr is a file.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace gpurun {
+
+class Reporter {
+ public:
+  /// `run_dir` is created when missing. With `enabled` false (ranks other than 0) nothing is
+  /// written. Throws IoError.
+  Reporter(std::string run_dir, bool enabled);
+
+  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl.
+  void event(const std::string& name, nlohmann::json fields);
+
+  /// Merges `fields` into the status and rewrites status.json when `force` or when the last
+  /// write is 10 s old or more. Adds pid, host and the update time.
+  void status(const nlohmann::json& fields, bool force = false);
+
+  /// Shows "epoch 2/5  step 340/1170  loss 0.4123  812 samples/s  ETA 3m12s"; on a terminal
+  /// in place at most every 0.25 s, otherwise one line at most every 10 s (or when `force`).
+  void progress(const std::string& line, bool force = false);
+  /// Ends an in-place progress line before other output.
+  void end_progress();
+
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  std::string run_dir_;
+  bool enabled_;
+  bool tty_;
+  bool progress_open_ = false;
+  nlohmann::json status_ = nlohmann::json::object();
+  std::chrono::steady_clock::time_point last_status_{}, last_progress_{};
+};
+
+/// Seconds as "1h02m", "3m12s", "45s".
+std::string format_duration(double seconds);
+
+/// Reads RUN_DIR/status.json (and the tail of metrics.jsonl) and prints it; with `json` one
+/// object. Returns the exit code (2 when RUN_DIR has no status.json).
+int status_command(const std::string& run_dir, bool json, std::ostream& out);
+
+}  // namespace gpurun

@@ -1,0 +1,42 @@
+// The training loop: epochs of optimizer steps over a per-epoch permutation of the data,
+// gradient accumulation over micro-batches, evaluation and a checkpoint after every epoch,
+// checkpoints every N steps / N minutes / on a stop signal, and exact resume.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gpurun/config.h"
+
+namespace gpurun {
+
+class Registry;
+
+/// How the run was started (the command line, not run.yaml).
+struct RunOptions {
+  std::string ckpt_dir;   ///< checkpoint root; required
+  std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
+  bool resume = false;    ///< continue from the newest complete checkpoint if there is one
+  bool force = false;     ///< take the directory's lease at once
+  std::string device = "auto";  ///< auto | cpu | cuda
+  int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
+};
+
+/// The batch geometry of an optimizer step. Invariant (checked by validate()):
+/// global_batch == micro_batch * accumulation_steps * world_size.
+struct BatchPlan {
+  int64_t global_batch = 0;        ///< samples per optimizer step, all ranks together
+  int64_t micro_batch = 0;         ///< samples per forward/backward pass on one rank
+  int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step on one rank
+  int64_t world_size = 1;
+  /// Throws ConfigError naming the four numbers when the invariant does not hold.
+  void validate() const;
+};
+
+/// Runs the whole training described by `config`, returning when the last epoch is done.
+/// Throws ConfigError (the directory already holds checkpoints and `resume` is off; bad
+/// device), ResumeError (no valid checkpoint, changed training keys), IoError (storage), and
+/// Stopped after saving when a stop signal arrived.
+void train(const RunConfig& config, const RunOptions& options, const Registry& registry);
+
+}  // namespace gpurun

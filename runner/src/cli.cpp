@@ -1,0 +1,149 @@
+#include "gpurun/cli.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <cxxopts.hpp>
+
+#include "gpurun/ckpt_command.h"
+#include "gpurun/config.h"
+#include "gpurun/errors.h"
+#include "gpurun/status.h"
+
+#ifndef GPURUN_VERSION
+#define GPURUN_VERSION "0.0.0"
+#endif
+
+namespace gpurun {
+namespace {
+
+const char* const kUsage =
+    R"(gpurun: train a LibTorch model with checkpoints that survive a reclaimed machine
+
+Usage:
+  gpurun [run] CONFIG.yaml --ckpt DIR [--resume] [--run-dir DIR] [--set KEY=VALUE]... [--device D]
+  gpurun ckpt list|verify|inspect DIR [--json]
+  gpurun status RUN_DIR [--json]
+  gpurun --help | --version
+
+Typical use, the same line after every interruption:
+  gpurun --resume --ckpt /mnt/nas/exp1 examples/fashion_mnist.yaml
+
+Exit codes: 0 finished, 2 usage or config error, 3 cannot resume,
+            75 stopped by a signal after saving (run again with --resume), 1 other failure.
+)";
+
+cxxopts::Options make_options() {
+  cxxopts::Options options("gpurun", kUsage);
+  options.custom_help("[run] CONFIG.yaml [options]");
+  options.positional_help("");
+  // clang-format off
+  options.add_options("Run")
+    ("ckpt", "checkpoint directory (local or network storage); created when missing", cxxopts::value<std::string>(), "DIR")
+    ("resume", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none")
+    ("run-dir", "where metrics.jsonl and status.json go (default: the --ckpt directory)", cxxopts::value<std::string>(), "DIR")
+    ("set", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)", cxxopts::value<std::vector<std::string>>(), "KEY=VALUE")
+    ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D")
+    ("force", "take over the checkpoint directory's lease at once");
+  options.add_options("Output")
+    ("json", "print exactly one JSON object on stdout (ckpt, status)")
+    ("h,help", "show this help")
+    ("version", "print the version");
+  options.add_options("hidden")
+    ("positional", "", cxxopts::value<std::vector<std::string>>());
+  // clang-format on
+  options.parse_positional({"positional"});
+  return options;
+}
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw ConfigError(message + "\n(see gpurun --help)");
+}
+
+}  // namespace
+
+Command parse_command_line(int argc, const char* const argv[]) {
+  cxxopts::Options options = make_options();
+  Command cmd;
+  cmd.help = options.help({"Run", "Output"});
+  cxxopts::ParseResult r;
+  try {
+    r = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    usage_error(e.what());
+  }
+  if (r.count("help")) return cmd;
+  if (r.count("version")) {
+    cmd.kind = Command::Kind::kVersion;
+    return cmd;
+  }
+  std::vector<std::string> args;
+  if (r.count("positional")) args = r["positional"].as<std::vector<std::string>>();
+  if (args.empty()) usage_error("missing CONFIG.yaml");
+  cmd.json = r.count("json") > 0;
+  const std::string first = args[0];
+  if (first == "ckpt") {
+    if (args.size() != 3 || (args[1] != "list" && args[1] != "verify" && args[1] != "inspect"))
+      usage_error("usage: gpurun ckpt list|verify|inspect DIR [--json]");
+    cmd.kind = Command::Kind::kCkpt;
+    cmd.action = args[1];
+    cmd.dir = args[2];
+    return cmd;
+  }
+  if (first == "status") {
+    if (args.size() != 2) usage_error("usage: gpurun status RUN_DIR [--json]");
+    cmd.kind = Command::Kind::kStatus;
+    cmd.dir = args[1];
+    return cmd;
+  }
+  if (first == "run") args.erase(args.begin());
+  if (args.size() != 1)
+    usage_error(args.empty() ? "missing CONFIG.yaml" : "unexpected argument \"" + args[1] + "\"");
+  cmd.kind = Command::Kind::kRun;
+  cmd.config_path = args[0];
+  if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
+  if (!r.count("ckpt")) usage_error("--ckpt DIR is required: where checkpoints go");
+  cmd.run.ckpt_dir = r["ckpt"].as<std::string>();
+  if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
+  cmd.run.resume = r.count("resume") > 0;
+  cmd.run.force = r.count("force") > 0;
+  cmd.run.device = r["device"].as<std::string>();
+  if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
+    cmd.run.restart_count = std::atoll(restarts);
+  return cmd;
+}
+
+int run_command(const Command& cmd, const Registry& registry, std::ostream& out) {
+  switch (cmd.kind) {
+    case Command::Kind::kHelp:
+      out << cmd.help;
+      return kExitOk;
+    case Command::Kind::kVersion:
+      out << "gpurun " << GPURUN_VERSION << "\n";
+      return kExitOk;
+    case Command::Kind::kCkpt:
+      return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
+    case Command::Kind::kStatus:
+      return status_command(cmd.dir, cmd.json, out);
+    case Command::Kind::kRun: {
+      RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      spdlog::info("{}", format_resolved(config));
+      train(config, cmd.run, registry);
+      return kExitOk;
+    }
+  }
+  return kExitFailure;
+}
+
+void setup_logging() {
+  auto logger = spdlog::stderr_color_mt("gpurun");
+  logger->set_pattern("%^gpurun %l%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::level::level_enum level = spdlog::level::info;
+  if (const char* env = std::getenv("GPURUN_LOG_LEVEL")) level = spdlog::level::from_str(env);
+  spdlog::set_level(level);
+}
+
+}  // namespace gpurun

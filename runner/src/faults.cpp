@@ -1,0 +1,55 @@
+#include "gpurun/faults.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/signals.h"
+
+namespace gpurun {
+namespace {
+struct Fault {
+  std::string action, point;
+  int64_t count = 0;
+};
+
+std::vector<Fault> parse_faults() {
+  std::vector<Fault> faults;
+  const char* spec = std::getenv("GPURUN_FAULT");
+  if (!spec) return faults;
+  const char* restart = std::getenv("GPURUN_RESTART_COUNT");
+  const char* only = std::getenv("GPURUN_FAULT_RESTART");
+  if (std::string(restart ? restart : "0") != std::string(only ? only : "0")) return faults;
+  std::istringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    Fault f;
+    auto a = item.find(':'), b = item.rfind(':');
+    if (a == std::string::npos || a == b) continue;
+    f.action = item.substr(0, a);
+    f.point = item.substr(a + 1, b - a - 1);
+    f.count = std::atoll(item.c_str() + b + 1);
+    faults.push_back(f);
+  }
+  return faults;
+}
+}  // namespace
+
+void fault_point(const char* point, int64_t count) {
+  static const std::vector<Fault> faults = parse_faults();
+  for (const Fault& f : faults) {
+    if (f.point != point || f.count != count) continue;
+    spdlog::warn("test fault: {} at {} {}", f.action, point, count);
+    if (f.action == "sigkill") kill(getpid(), SIGKILL);
+    if (f.action == "abort") std::abort();
+    if (f.action == "exit1") _exit(1);
+    if (f.action == "sigterm") request_stop(SIGTERM);
+  }
+}
+
+}  // namespace gpurun

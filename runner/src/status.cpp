@@ -1,0 +1,119 @@
+#include "gpurun/status.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+#include "gpurun/fs.h"
+
+namespace gpurun {
+namespace {
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+}  // namespace
+
+Reporter::Reporter(std::string run_dir, bool enabled)
+    : run_dir_(std::move(run_dir)), enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {
+  if (enabled_) fs::make_dirs(run_dir_);
+  status_["pid"] = static_cast<int64_t>(getpid());
+  status_["host"] = host_name();
+}
+
+void Reporter::event(const std::string& name, nlohmann::json fields) {
+  if (!enabled_) return;
+  nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
+  line.update(fields);
+  fs::append_line(run_dir_ + "/metrics.jsonl", line.dump());
+}
+
+void Reporter::status(const nlohmann::json& fields, bool force) {
+  status_.update(fields);
+  auto now = std::chrono::steady_clock::now();
+  if (!enabled_ || (!force && now - last_status_ < std::chrono::seconds(10))) return;
+  last_status_ = now;
+  status_["updated"] = unix_seconds();
+  try {
+    fs::replace_file(run_dir_ + "/status.json", status_.dump(2) + "\n");
+  } catch (const IoError& e) {
+    // status.json is for watchers; a full or flaky disk must not stop training over it.
+    spdlog::warn("could not update status.json: {}", e.what());
+  }
+}
+
+void Reporter::progress(const std::string& line, bool force) {
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  auto every = tty_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(10000);
+  if (!force && last_progress_.time_since_epoch().count() != 0 && now - last_progress_ < every)
+    return;
+  last_progress_ = now;
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    progress_open_ = true;
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Reporter::end_progress() {
+  if (progress_open_) std::fputc('\n', stderr);
+  progress_open_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e8) return "?";
+  auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", s);
+  return buf;
+}
+
+int status_command(const std::string& run_dir, bool json, std::ostream& out) {
+  std::string text;
+  try {
+    text = fs::read_file(run_dir + "/status.json");
+  } catch (const IoError& e) {
+    throw ConfigError("no run in " + run_dir + ": " + e.what());
+  }
+  nlohmann::json s = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (s.is_discarded()) throw Error(run_dir + "/status.json is not valid JSON");
+  const double age = unix_seconds() - s.value("updated", 0.0);
+  s["seconds_since_update"] = age;
+  if (json) {
+    out << s.dump() << "\n";
+    return kExitOk;
+  }
+  auto get = [&](const char* key) { return s.contains(key) ? s[key].dump() : std::string("-"); };
+  out << "run dir         " << run_dir << "\n"
+      << "state           " << s.value("state", "?") << " (updated " << format_duration(age)
+      << " ago, pid " << get("pid") << " on " << s.value("host", "?") << ")\n"
+      << "epoch           " << get("epoch") << " of " << get("epochs") << "\n"
+      << "step            " << get("global_step") << " of " << get("total_steps") << "\n"
+      << "loss            " << get("loss") << "\n"
+      << "samples/s       " << get("samples_per_second") << "\n"
+      << "ETA             " << format_duration(s.value("eta_seconds", -1.0)) << "\n"
+      << "last checkpoint " << s.value("last_checkpoint", std::string("none")) << "\n"
+      << "restarts        " << get("restarts") << "\n";
+  return kExitOk;
+}
+
+}  // namespace gpurun

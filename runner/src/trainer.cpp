@@ -1,0 +1,356 @@
+#include "gpurun/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/checkpoint.h"
+#include "gpurun/errors.h"
+#include "gpurun/faults.h"
+#include "gpurun/fs.h"
+#include "gpurun/model.h"
+#include "gpurun/optim.h"
+#include "gpurun/registry.h"
+#include "gpurun/signals.h"
+#include "gpurun/state.h"
+#include "gpurun/status.h"
+#include "gpurun/step.h"
+
+namespace gpurun {
+
+void BatchPlan::validate() const {
+  if (micro_batch < 1 || accumulation_steps < 1 || world_size < 1 ||
+      global_batch != micro_batch * accumulation_steps * world_size)
+    throw ConfigError("batch plan: global batch " + std::to_string(global_batch) +
+                      " != micro-batch " + std::to_string(micro_batch) + " x accumulation " +
+                      std::to_string(accumulation_steps) + " x world size " +
+                      std::to_string(world_size));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+torch::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return torch::kCPU;
+  if (name == "cuda" || name == "auto") {
+    if (torch::cuda::is_available()) return torch::kCUDA;
+    if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
+    return torch::kCPU;
+  }
+  throw ConfigError("--device must be auto, cpu or cuda, got \"" + name + "\"");
+}
+
+/// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
+/// STEP being the 0-based global step, and the sample indices the step consumed (used to prove that
+/// resume neither repeats nor skips).
+class SampleTrace {
+ public:
+  SampleTrace() {
+    if (const char* path = std::getenv("GPURUN_TRACE_SAMPLES")) path_ = path;
+  }
+  void record(int64_t step, int64_t epoch, const at::Tensor& indices) {
+    if (path_.empty()) return;
+    std::string line = std::to_string(step) + " " + std::to_string(epoch);
+    const int64_t* p = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < indices.numel(); ++i) line += " " + std::to_string(p[i]);
+    fs::append_line(path_, line);
+  }
+
+ private:
+  std::string path_;
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry)
+      : config_(config),
+        options_(options),
+        device_(resolve_device(options.device)),
+        store_(options.ckpt_dir, config.checkpoint.keep_last),
+        reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, true) {
+    if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+    torch::manual_seed(static_cast<uint64_t>(config.train.seed));
+    data_ = registry.make_dataset(config.data);
+    model_ = registry.make_model(config.model, data_.input_shape, data_.num_classes);
+    model_->to(device_);
+    params_ = model_->parameters();
+    optimizer_ = make_optimizer(config.optim, params_);
+    plan_.global_batch = config.train.batch_size;
+    plan_.accumulation_steps = config.train.accumulation_steps;
+    plan_.micro_batch = plan_.global_batch / plan_.accumulation_steps;
+    plan_.validate();
+    const int64_t n = data_.train->size();
+    steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
+    total_steps_ = steps_per_epoch_ * config.train.epochs;
+  }
+
+  void run() {
+    try {
+      resume_or_start();
+      reporter_.status({{"state", "running"},
+                        {"epochs", config_.train.epochs},
+                        {"total_steps", total_steps_},
+                        {"restarts", options_.restart_count}},
+                       true);
+      for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
+      reporter_.end_progress();
+      spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
+                   model_digest(*model_));
+      reporter_.event("done", {{"exit_code", 0}, {"global_step", global_step_}});
+      reporter_.status({{"state", "finished"}, {"eta_seconds", 0}}, true);
+    } catch (const std::exception& e) {
+      reporter_.end_progress();
+      const int code = exit_code_for(e);
+      reporter_.event("done", {{"exit_code", code}, {"error", e.what()}});
+      reporter_.status({{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}},
+                       true);
+      throw;
+    }
+  }
+
+ private:
+  void resume_or_start() {
+    store_.clean_temporaries();
+    if (!options_.resume) {
+      if (store_.has_checkpoints())
+        throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
+                          store_.list(false).back().name +
+                          "); continue them with --resume, or use a new --ckpt directory");
+      spdlog::info("starting a new run in {}", options_.ckpt_dir);
+      return;
+    }
+    std::optional<LoadedCheckpoint> loaded = store_.load_latest();
+    if (!loaded) {
+      spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
+      return;
+    }
+    const CheckpointMeta& meta = loaded->meta;
+    if (meta.config_hash != config_hash(config_)) {
+      std::string keys;
+      for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
+        keys += "\n  " + k;
+      throw ResumeError("cannot resume " + loaded->info.path +
+                        ": training keys differ from the checkpoint's config:" + keys +
+                        "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
+                        "directory)");
+    }
+    if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
+      spdlog::warn(
+          "checkpoint was written with {} threads and CPU capability {}; this run uses "
+          "{} and {}: results will differ in the last bits",
+          meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
+    restore_state(*loaded, *model_, *optimizer_);
+    epoch_ = meta.epoch;
+    global_step_ = meta.global_step;
+    position_ = meta.position_in_epoch;
+    last_saved_step_ = global_step_;
+    last_checkpoint_ = loaded->info.path;
+    spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
+                 loaded->info.path, epoch_, global_step_, position_);
+    reporter_.event("resume", {{"path", loaded->info.path},
+                               {"epoch", epoch_},
+                               {"global_step", global_step_},
+                               {"position_in_epoch", position_}});
+  }
+
+  void run_epoch() {
+    const int64_t n = data_.train->size();
+    const at::Tensor order = epoch_permutation(n, config_.train.seed, epoch_);
+    model_->train();
+    auto epoch_start = Clock::now();
+    double loss_sum = 0;
+    int64_t loss_samples = 0;
+    stop_if_signalled();
+    while (position_ < n) {
+      const int64_t window = std::min(plan_.global_batch, n - position_);
+      const at::Tensor indices = order.narrow(0, position_, window);
+      const double loss = optimizer_step(indices);
+      trace_.record(global_step_, epoch_, indices);
+      position_ += window;
+      ++global_step_;
+      loss_sum += loss * window;
+      loss_samples += window;
+      fault_point("after_step", global_step_);
+      after_step(loss, window);
+      if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
+      stop_if_signalled();
+    }
+    const auto [eval_loss, eval_accuracy] = evaluate();
+    const double seconds = seconds_since(epoch_start);
+    reporter_.end_progress();
+    const double train_loss = loss_samples ? loss_sum / loss_samples : 0.0;
+    spdlog::info(
+        "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
+        epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
+    reporter_.event("epoch", {{"epoch", epoch_},
+                              {"global_step", global_step_},
+                              {"train_loss", train_loss},
+                              {"eval_loss", eval_loss},
+                              {"eval_accuracy", eval_accuracy},
+                              {"seconds", seconds}});
+    save("epoch", epoch_ + 1, 0);
+    stop_if_signalled();
+  }
+
+  /// One optimizer step over `indices`, the window of this step; returns its mean loss.
+  double optimizer_step(const at::Tensor& indices) {
+    optimizer_->zero_grad();
+    const double loss =
+        accumulate_gradients(*model_, *data_.train, indices, plan_.micro_batch, device_);
+    if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
+    lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
+    set_learning_rate(*optimizer_, lr_);
+    optimizer_->step();
+    return loss;
+  }
+
+  std::pair<double, double> evaluate() {
+    model_->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t n = data_.eval->size();
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (int64_t start = 0; start < n; start += config_.train.eval_batch_size) {
+      const int64_t count = std::min(config_.train.eval_batch_size, n - start);
+      Batch batch = data_.eval->get(at::arange(start, start + count, at::kLong));
+      at::Tensor logits = model_->forward(batch.inputs.to(device_));
+      at::Tensor targets = batch.targets.to(device_);
+      loss_sum += at::cross_entropy_loss(logits, targets).item<double>() * count;
+      correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
+    }
+    model_->train();
+    return {n ? loss_sum / n : 0.0, n ? static_cast<double>(correct) / n : 0.0};
+  }
+
+  void after_step(double loss, int64_t window) {
+    // samples/s over the steps since the last report, which excludes evaluation and saves.
+    interval_samples_ += window;
+    interval_loss_ += loss * window;
+    const double elapsed = seconds_since(interval_start_);
+    const int64_t remaining = total_steps_ - global_step_;
+    const double eta = throughput_ > 0 ? remaining * plan_.global_batch / throughput_ : -1;
+    reporter_.progress(progress_line(loss, eta));
+    if (global_step_ % config_.log.every_steps != 0) return;
+    throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    const double mean_loss = interval_loss_ / interval_samples_;
+    reporter_.event("step", {{"epoch", epoch_},
+                             {"global_step", global_step_},
+                             {"loss", mean_loss},
+                             {"lr", lr_},
+                             {"samples_per_second", throughput_}});
+    reporter_.status({{"epoch", epoch_},
+                      {"global_step", global_step_},
+                      {"loss", mean_loss},
+                      {"samples_per_second", throughput_},
+                      {"eta_seconds", eta}});
+    interval_samples_ = 0;
+    interval_loss_ = 0;
+    interval_start_ = Clock::now();
+  }
+
+  std::string progress_line(double loss, double eta) const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                  static_cast<long long>(epoch_ + 1), static_cast<long long>(config_.train.epochs),
+                  static_cast<long long>(global_step_), static_cast<long long>(total_steps_), loss,
+                  throughput_, format_duration(eta).c_str());
+    return buf;
+  }
+
+  bool due_for_checkpoint() const {
+    const auto& c = config_.checkpoint;
+    if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
+    return c.every_minutes > 0 && seconds_since(last_save_time_) >= c.every_minutes * 60;
+  }
+
+  /// Saves the state after global_step_; `epoch` and `position` say where training continues.
+  void save(const std::string& reason, int64_t epoch, int64_t position) {
+    CheckpointMeta meta;
+    meta.epoch = epoch;
+    meta.global_step = global_step_;
+    meta.position_in_epoch = position;
+    meta.world_size = plan_.world_size;
+    meta.config_hash = config_hash(config_);
+    meta.config = config_to_json(config_);
+    meta.plan = {{"global_batch", plan_.global_batch},
+                 {"micro_batch", plan_.micro_batch},
+                 {"accumulation_steps", plan_.accumulation_steps},
+                 {"world_size", plan_.world_size}};
+    meta.extra = {{"reason", reason}};
+    const auto stall_start = Clock::now();
+    CheckpointSnapshot snapshot = capture_state(*model_, *optimizer_, std::move(meta));
+    SaveResult result = store_.save(snapshot);
+    const double stall = seconds_since(stall_start);
+    last_saved_step_ = global_step_;
+    last_save_time_ = Clock::now();
+    last_checkpoint_ = result.path;
+    fault_point("after_save", ++saves_);
+    spdlog::debug("saved {} ({}, {:.2f} s)", result.path, format_bytes(result.bytes),
+                  result.write_seconds);
+    reporter_.event("checkpoint", {{"path", result.path},
+                                   {"epoch", epoch},
+                                   {"global_step", global_step_},
+                                   {"bytes", result.bytes},
+                                   {"stall_seconds", stall},
+                                   {"write_seconds", result.write_seconds}});
+    reporter_.status({{"last_checkpoint", result.path}}, true);
+    interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
+  }
+
+  /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
+  /// then throw Stopped (exit 75).
+  void stop_if_signalled() {
+    const int sig = stop_signal();
+    if (!sig) return;
+    reporter_.end_progress();
+    spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
+    reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
+    if (global_step_ != last_saved_step_) save("signal", epoch_, position_);
+    throw Stopped(sig);
+  }
+
+  const RunConfig& config_;
+  const RunOptions& options_;
+  torch::Device device_;
+  CheckpointStore store_;
+  Reporter reporter_;
+  SampleTrace trace_;
+  DatasetSplits data_;
+  std::shared_ptr<SegmentedModel> model_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  BatchPlan plan_;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
+  int64_t saves_ = 0;
+  int64_t last_saved_step_ = 0;  // step 0 needs no checkpoint: resuming from none is fresh
+  double lr_ = 0;
+  std::string last_checkpoint_;
+  Clock::time_point last_save_time_ = Clock::now();
+  Clock::time_point interval_start_ = Clock::now();
+  int64_t interval_samples_ = 0;
+  double interval_loss_ = 0, throughput_ = 0;
+};
+
+}  // namespace
+
+void train(const RunConfig& config, const RunOptions& options, const Registry& registry) {
+  if (options.ckpt_dir.empty()) throw ConfigError("--ckpt DIR is required to train");
+  Trainer(config, options, registry).run();
+}
+
+}  // namespace gpurun

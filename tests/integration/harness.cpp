@@ -1,0 +1,144 @@
+#include "integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace gpurun::test {
+
+TempDir::TempDir() {
+  std::string tmpl = std::filesystem::temp_directory_path().string() + "/gpurun-it-XXXXXX";
+  path_ = mkdtemp(tmpl.data());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!std::getenv("GPURUN_KEEP_TEST_DIRS")) std::filesystem::remove_all(path_, ec);
+}
+
+namespace {
+pid_t spawn(const std::vector<std::string>& argv, const std::string& out_path,
+            const std::string& err_path, const Env& env) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = open("/dev/null", O_RDONLY);
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+Result wait_for(pid_t pid, const std::string& out_path, const std::string& err_path,
+                double timeout_seconds) {
+  Result r;
+  int status = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  while (true) {
+    pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "process " << pid << " timed out after " << timeout_seconds << " s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+}  // namespace
+
+pid_t start_gpurun(const std::vector<std::string>& args, const std::string& log_prefix,
+                   const Env& env) {
+  std::vector<std::string> argv{GPURUN_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return spawn(argv, log_prefix + ".out", log_prefix + ".err", env);
+}
+
+Result wait_gpurun(pid_t pid, const std::string& log_prefix, double timeout_seconds) {
+  return wait_for(pid, log_prefix + ".out", log_prefix + ".err", timeout_seconds);
+}
+
+Result run_gpurun(const std::vector<std::string>& args, const Env& env, double timeout_seconds) {
+  TempDir logs;
+  pid_t pid = start_gpurun(args, logs / "gpurun", env);
+  return wait_gpurun(pid, logs / "gpurun", timeout_seconds);
+}
+
+Result run_program(const std::vector<std::string>& argv, double timeout_seconds) {
+  TempDir logs;
+  pid_t pid = spawn(argv, logs / "out", logs / "err", {});
+  return wait_for(pid, logs / "out", logs / "err", timeout_seconds);
+}
+
+std::string write_config(const TempDir& dir, const std::string& yaml, const std::string& name) {
+  std::string path = dir / name;
+  std::ofstream(path) << yaml;
+  return path;
+}
+
+std::string small_config(int train, int batch, int epochs) {
+  std::ostringstream y;
+  y << "model: {name: mlp, hidden: [64]}\n"
+    << "data: {name: idx, train_samples: " << train << ", eval_samples: 200}\n"
+    << "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+    << "train: {epochs: " << epochs << ", batch_size: " << batch
+    << ", eval_batch_size: 200, seed: 7, threads: 1}\n"
+    << "log: {every_steps: 1}\n";
+  return y.str();
+}
+
+nlohmann::json inspect(const std::string& ckpt_dir) {
+  Result r = run_gpurun({"ckpt", "inspect", ckpt_dir, "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r.out;
+  return j;
+}
+
+std::vector<nlohmann::json> events(const std::string& run_dir, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::istringstream lines(slurp(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == event) out.push_back(j);
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void sleep_for(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace gpurun::test

@@ -1,0 +1,71 @@
+// Drives the real gpurun binary for integration tests: runs it to completion or starts it in
+// the background to be killed, with output captured in files.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gpurun::test {
+
+struct Result {
+  int exit_code = -1;  ///< exit status, or -1 when killed by a signal
+  int signal = 0;      ///< the signal that ended it, 0 when it exited
+  std::string out, err;
+};
+
+/// A fresh directory under $TMPDIR, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+using Env = std::map<std::string, std::string>;
+
+/// Starts gpurun with `args`, stdout/stderr to `log_prefix`.out/.err; returns its pid.
+pid_t start_gpurun(const std::vector<std::string>& args, const std::string& log_prefix,
+                   const Env& env = {});
+
+/// Waits for `pid` (at most `timeout_seconds`, then SIGKILLs it and fails the test).
+Result wait_gpurun(pid_t pid, const std::string& log_prefix, double timeout_seconds = 300);
+
+/// Runs gpurun to completion.
+Result run_gpurun(const std::vector<std::string>& args, const Env& env = {},
+                  double timeout_seconds = 300);
+
+/// Runs any program (e.g. /usr/bin/python3) to completion.
+Result run_program(const std::vector<std::string>& argv, double timeout_seconds = 120);
+
+/// Writes a run.yaml: the given YAML text.
+std::string write_config(const TempDir& dir, const std::string& yaml, const std::string& name = "run.yaml");
+
+/// A small, fast Fashion-MNIST config: `train` samples, batch `batch`, `epochs` epochs, an MLP
+/// (hidden 64) with SGD+momentum, 1 thread; `extra` YAML lines are appended under their section
+/// through --set-style overrides passed by the caller.
+std::string small_config(int train, int batch, int epochs);
+
+/// The manifest of the newest complete checkpoint in `ckpt_dir` (gpurun ckpt inspect --json).
+nlohmann::json inspect(const std::string& ckpt_dir);
+
+/// Every line of RUN_DIR/metrics.jsonl with "event" == `event`.
+std::vector<nlohmann::json> events(const std::string& run_dir, const std::string& event);
+
+/// Reads a whole file ("" when missing).
+std::string slurp(const std::string& path);
+
+/// Sleeps `seconds`.
+void sleep_for(double seconds);
+
+}  // namespace gpurun::test

@@ -1,0 +1,200 @@
+// Kill-and-resume with the real binary on real Fashion-MNIST data (issue 2; cases 1, 2, 7).
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "integration/harness.h"
+
+namespace gpurun::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The trace lines ("STEP EPOCH i i i ...") of GPURUN_TRACE_SAMPLES, in order.
+std::vector<std::string> trace_lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+int64_t step_of(const std::string& trace_line) { return std::stoll(trace_line); }
+
+/// Runs to completion without interruption; returns the final model_digest.
+std::string uninterrupted_digest(const std::string& config, const std::vector<std::string>& sets,
+                                 const std::string& trace = "") {
+  TempDir ckpt;
+  std::vector<std::string> args{config, "--ckpt", ckpt.path()};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  Env env;
+  if (!trace.empty()) env["GPURUN_TRACE_SAMPLES"] = trace;
+  Result r = run_gpurun(args, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return inspect(ckpt.path()).value("model_digest", "");
+}
+
+TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 3));
+  const std::vector<std::string> sets{"checkpoint.every_steps=4"};
+  const std::string expected = uninterrupted_digest(config, sets);
+  ASSERT_EQ(expected.size(), 16u);
+
+  std::mt19937 rng(20261129);
+  std::uniform_real_distribution<double> delay(0.3, 2.5);
+  const std::string ckpt = dir / "ckpt";
+  int kills = 0;
+  for (int attempt = 0; attempt < 30; ++attempt) {
+    pid_t pid = start_gpurun({config, "--ckpt", ckpt, "--resume", "--set", sets[0]},
+                             dir / "run");
+    if (kills < 5) {
+      sleep_for(delay(rng));
+      if (kill(pid, SIGKILL) == 0) ++kills;
+    }
+    Result r = wait_gpurun(pid, dir / "run");
+    if (r.exit_code == 0) break;
+    ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+  }
+  EXPECT_GE(kills, 3);
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
+}
+
+TEST(KillResume, SigkillDuringCheckpointWriteKeepsThePreviousOne) {
+  // A wide MLP makes each checkpoint ~20 MB so that the write takes a while; the run is
+  // killed as soon as a temporary checkpoint folder appears.
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 2));
+  const std::vector<std::string> sets{"model.hidden=[2048,512]", "checkpoint.every_steps=3",
+                                      "optim.name=adam"};
+  const std::string expected = uninterrupted_digest(config, sets);
+  const std::string ckpt = dir / "ckpt";
+  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  int killed_in_write = 0;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    pid_t pid = start_gpurun(args, dir / "run");
+    bool killed = false;
+    for (int i = 0; i < 3000 && killed_in_write < 3 && !killed; ++i) {
+      if (fs::exists(ckpt)) {
+        for (const auto& e : fs::directory_iterator(ckpt))
+          if (e.path().filename().string().rfind(".tmp-ckpt", 0) == 0 && i > 0) {
+            kill(pid, SIGKILL);
+            killed = true;
+            break;
+          }
+      }
+      if (waitpid(pid, nullptr, WNOHANG) != 0) break;
+      sleep_for(0.002);
+    }
+    Result r = wait_gpurun(pid, dir / "run");
+    if (killed) {
+      ++killed_in_write;
+      // The newest complete checkpoint still verifies after a kill mid-write.
+      Result v = run_gpurun({"ckpt", "verify", ckpt});
+      EXPECT_TRUE(v.exit_code == 0 || !fs::exists(ckpt / fs::path("LATEST"))) << v.out << v.err;
+    }
+    if (r.exit_code == 0) break;
+  }
+  EXPECT_GE(killed_in_write, 1);
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
+  for (const auto& e : fs::directory_iterator(ckpt))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos)
+        << "leftover " << e.path();
+}
+
+// Case 1: 3 epochs x 10 steps, shuffled, checkpoint every 2 steps, SIGKILL at epoch 1 step 5.
+TEST(Cases, MidEpochResumeNeitherLosesNorRepeatsData) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(300, 30, 3));
+  const std::vector<std::string> sets{"checkpoint.every_steps=2"};
+  const std::string expected = uninterrupted_digest(config, sets, dir / "full.trace");
+  const auto full = trace_lines(dir / "full.trace");
+  ASSERT_EQ(full.size(), 30u);
+
+  const std::string ckpt = dir / "ckpt";
+  // Epoch 1 step 5 is global step 15 (10 steps per epoch): killed right after it, before the
+  // checkpoint every 2 steps would save it, so the newest checkpoint holds 14 steps.
+  Result killed = run_gpurun({config, "--ckpt", ckpt, "--set", sets[0]},
+                             {{"GPURUN_TRACE_SAMPLES", dir / "killed.trace"},
+                              {"GPURUN_FAULT", "sigkill:after_step:16"}});
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+  const int64_t saved_step = inspect(ckpt).value("global_step", -1);
+  EXPECT_EQ(saved_step, 14);
+  Result resumed = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", sets[0]},
+                              {{"GPURUN_TRACE_SAMPLES", dir / "resumed.trace"}});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+
+  std::vector<std::string> combined;
+  for (const auto& line : trace_lines(dir / "killed.trace"))
+    if (step_of(line) < saved_step) combined.push_back(line);
+  for (const auto& line : trace_lines(dir / "resumed.trace")) combined.push_back(line);
+  EXPECT_EQ(combined, full);
+  auto resume = events(ckpt, "resume");
+  ASSERT_EQ(resume.size(), 1u);
+  EXPECT_EQ(resume[0]["epoch"], 1);
+  EXPECT_EQ(resume[0]["global_step"], 14);
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
+}
+
+// Case 2: 3 epochs x 3 steps, killed right after epoch 0's checkpoint.
+TEST(Cases, NoExtraStepAfterAnEndOfEpochCheckpoint) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(90, 30, 3));
+  const std::string ckpt = dir / "ckpt";
+  Result killed = run_gpurun({config, "--ckpt", ckpt},
+                             {{"GPURUN_TRACE_SAMPLES", dir / "a.trace"},
+                              {"GPURUN_FAULT", "sigkill:after_save:1"}});
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+  Result resumed = run_gpurun({config, "--ckpt", ckpt, "--resume"},
+                              {{"GPURUN_TRACE_SAMPLES", dir / "b.trace"}});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto before = trace_lines(dir / "a.trace");
+  const auto after = trace_lines(dir / "b.trace");
+  EXPECT_EQ(before.size() + after.size(), 9u);
+  ASSERT_FALSE(after.empty());
+  EXPECT_EQ(after.front().substr(0, 4), "3 1 ");  // global step 3, epoch 1
+  EXPECT_EQ(inspect(ckpt).value("global_step", -1), 9);
+}
+
+// Case 7: a large checkpoint, SIGKILL at random points over many saves, --resume after each.
+TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(480, 24, 1));
+  const std::vector<std::string> sets{"model.hidden=[2048,1024]", "checkpoint.every_steps=1",
+                                      "optim.name=adam"};
+  const std::string ckpt = dir / "ckpt";
+  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> delay(0.8, 2.5);
+  int64_t last_step = 0;
+  int kills = 0;
+  for (int attempt = 0; attempt < 12 && kills < 8; ++attempt) {
+    pid_t pid = start_gpurun(args, dir / "run");
+    sleep_for(delay(rng));
+    if (kill(pid, SIGKILL) == 0) ++kills;
+    Result r = wait_gpurun(pid, dir / "run");
+    if (r.exit_code == 0) break;
+    ASSERT_EQ(r.signal, SIGKILL) << r.err;
+    if (!fs::exists(ckpt / fs::path("LATEST"))) continue;
+    // Every resume finds a complete checkpoint: the previous or the new one, never a torn one.
+    Result v = run_gpurun({"ckpt", "verify", ckpt, "--json"});
+    EXPECT_EQ(v.exit_code, 0) << v.out;
+    const int64_t step = inspect(ckpt).value("global_step", -1);
+    EXPECT_GE(step, last_step);
+    last_step = step;
+  }
+  EXPECT_GE(kills, 4);
+  Result done = run_gpurun(args);
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_EQ(inspect(ckpt).value("global_step", -1), 20);
+  EXPECT_EQ(done.err.find("damaged"), std::string::npos) << done.err;
+}
+
+}  // namespace
+}  // namespace gpurun::test

@@ -1,0 +1,229 @@
+// The gpurun command line end to end: config errors, --set, directory rules, damaged
+// checkpoints, retention, --json outputs, and model.pt read by Python's torch.load.
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "gpurun/state.h"
+#include "integration/harness.h"
+
+namespace gpurun::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<std::string> checkpoint_names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(Config, TypoNamesTheKeyAndSuggestsTheRightOne) {
+  TempDir dir;
+  const std::string config =
+      write_config(dir, "model: {name: mlp}\ntrain:\n  epoch: 3\n");
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "run.yaml:3")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.epoch")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean train.epochs?")) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "ckpt")) << "a config error must not create the directory";
+}
+
+TEST(Config, WrongTypeAndNegativeLearningRateNameKeyAndValue) {
+  TempDir dir;
+  Result wrong_type =
+      run_gpurun({write_config(dir, "train: {batch_size: abc}\n"), "--ckpt", dir / "c1"});
+  EXPECT_EQ(wrong_type.exit_code, 2);
+  EXPECT_TRUE(contains(wrong_type.err, "train.batch_size")) << wrong_type.err;
+  EXPECT_TRUE(contains(wrong_type.err, "abc")) << wrong_type.err;
+
+  Result negative = run_gpurun({write_config(dir, "optim:\n  lr: -0.1\n", "neg.yaml"), "--ckpt",
+                                dir / "c2"});
+  EXPECT_EQ(negative.exit_code, 2);
+  EXPECT_TRUE(contains(negative.err, "neg.yaml:2")) << negative.err;
+  EXPECT_TRUE(contains(negative.err, "optim.lr")) << negative.err;
+  EXPECT_TRUE(contains(negative.err, "-0.1")) << negative.err;
+
+  Result bad_set = run_gpurun({write_config(dir, "", "empty.yaml"), "--ckpt", dir / "c3", "--set",
+                               "train.epochs=zero"});
+  EXPECT_EQ(bad_set.exit_code, 2);
+  EXPECT_TRUE(contains(bad_set.err, "train.epochs")) << bad_set.err;
+}
+
+TEST(Config, SetTwiceTheLastWins) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "train.epochs=5", "--set",
+                         "train.epochs=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json manifest = inspect(dir / "ckpt");
+  EXPECT_EQ(manifest["config"]["train"]["epochs"], 2);
+  EXPECT_EQ(manifest["epoch"], 2);
+}
+
+TEST(Directory, ExistingCheckpointsNeedResumeAndChangedKeysAreRefused) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt"}).exit_code, 0);
+
+  Result again = run_gpurun({config, "--ckpt", dir / "ckpt"});
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_TRUE(contains(again.err, "ckpt-e0001-s0000002")) << again.err;
+  EXPECT_TRUE(contains(again.err, "--resume")) << again.err;
+
+  Result changed = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "optim.lr=0.5"});
+  EXPECT_EQ(changed.exit_code, 3);
+  EXPECT_TRUE(contains(changed.err, "optim.lr")) << changed.err;
+
+  // Growing train.epochs extends the run.
+  Result extended = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "train.epochs=2"});
+  EXPECT_EQ(extended.exit_code, 0) << extended.err;
+  EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 4);
+}
+
+TEST(Damage, NewestDamagedFallsBackToThePreviousAndAllDamagedExits3) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 3));
+  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.keep_last=3"}).exit_code, 0);
+  auto names = checkpoint_names(dir / "ckpt");
+  ASSERT_EQ(names.size(), 3u);
+  const std::string newest = dir / ("ckpt/" + names[2]);
+  const std::string middle = dir / ("ckpt/" + names[1]);
+  const std::string oldest = dir / ("ckpt/" + names[0]);
+  fs::resize_file(newest + "/model.pt", fs::file_size(newest + "/model.pt") / 2);  // truncated
+  {
+    std::fstream f(middle + "/optim.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(40);
+    c = static_cast<char>(c ^ 0x5a);  // one flipped byte
+    f.write(&c, 1);
+  }
+  Result verify = run_gpurun({"ckpt", "verify", dir / "ckpt", "--json"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out;
+
+  // epochs=4 so that the resumed run has work to do after falling back to epoch 1.
+  Result resumed = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
+                               "train.epochs=3", "--set", "checkpoint.keep_last=3"});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, names[2])) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, names[1])) << resumed.err;
+  EXPECT_TRUE(fs::exists(newest + ".damaged"));
+  EXPECT_TRUE(fs::exists(middle + ".damaged"));
+  EXPECT_EQ(events(dir / "ckpt", "resume").back()["global_step"], 2);
+  EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 6);
+
+  // Now damage every complete checkpoint: resume must refuse with exit 3 naming them.
+  for (const auto& name : checkpoint_names(dir / "ckpt"))
+    if (name.find(".damaged") == std::string::npos)
+      fs::resize_file(dir / ("ckpt/" + name + "/trainer.pt"), 3);
+  Result none = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume"});
+  EXPECT_EQ(none.exit_code, 3) << none.err;
+  EXPECT_TRUE(contains(none.err, "trainer.pt")) << none.err;
+  Result verify_none = run_gpurun({"ckpt", "verify", dir / "ckpt"});
+  EXPECT_EQ(verify_none.exit_code, 1) << verify_none.out;
+  (void)oldest;
+}
+
+TEST(Retention, KeepLastTwoAfterFiveEpochsNeverLeavesNoCompleteCheckpoint) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(120, 30, 5));
+  const std::string ckpt = dir / "ckpt";
+  std::atomic<bool> done{false};
+  std::atomic<int> seen_complete{0}, lost_all{0};
+  // Watches the directory while the run saves: once a complete checkpoint exists, some
+  // complete checkpoint must exist at every later moment.
+  std::thread watcher([&] {
+    while (!done) {
+      int complete = 0;
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("ckpt-", 0) == 0 && fs::exists(e.path() / "manifest.json", ec)) ++complete;
+      }
+      if (complete > 0) seen_complete = 1;
+      else if (seen_complete) ++lost_all;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  Result r = run_gpurun({config, "--ckpt", ckpt, "--set", "checkpoint.keep_last=2"});
+  done = true;
+  watcher.join();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lost_all, 0);
+  EXPECT_EQ(checkpoint_names(ckpt),
+            (std::vector<std::string>{"ckpt-e0004-s0000016", "ckpt-e0005-s0000020"}));
+  EXPECT_EQ(slurp(ckpt + "/LATEST"), "ckpt-e0005-s0000020\n");
+  EXPECT_EQ(events(ckpt, "checkpoint").size(), 5u);
+}
+
+TEST(Json, EveryJsonOutputIsExactlyOneObject) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt"}).exit_code, 0);
+  const std::string one = dir / "ckpt/" + checkpoint_names(dir / "ckpt").back();
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"ckpt", "list", dir / "ckpt", "--json"},
+           {"ckpt", "verify", dir / "ckpt", "--json"},
+           {"ckpt", "inspect", dir / "ckpt", "--json"},
+           {"ckpt", "inspect", one, "--json"},
+           {"status", dir / "ckpt", "--json"}}) {
+    Result r = run_gpurun(args);
+    EXPECT_EQ(r.exit_code, 0) << args[0] << " " << args[1] << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_TRUE(!j.is_discarded() && j.is_object()) << args[0] << " " << args[1] << ": " << r.out;
+  }
+  nlohmann::json manifest = inspect(dir / "ckpt");
+  for (const char* key : {"format_version", "gpurun_version", "torch_version", "config_hash",
+                          "config", "epoch", "global_step", "position_in_epoch", "world_size",
+                          "plan", "files", "model_digest", "threads", "cpu_capability"})
+    EXPECT_TRUE(manifest.contains(key)) << key;
+  nlohmann::json status = nlohmann::json::parse(run_gpurun({"status", dir / "ckpt", "--json"}).out);
+  EXPECT_EQ(status["state"], "finished");
+}
+
+TEST(Interop, ModelPtLoadsInPythonAsAPlainDictOfTheSameTensors) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "Debian's python3-torch is not installed";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "model.name=cnn", "--set",
+                        "model.batch_norm=true", "--set", "model.channels=[4]"})
+                .exit_code,
+            0);
+  const std::string model_pt = dir / "ckpt/" + checkpoint_names(dir / "ckpt").back() + "/model.pt";
+  // Python loads it as a plain dict of tensors and writes it back with torch.save; the tensors
+  // read back here must equal gpurun's bit for bit.
+  const std::string script =
+      "import sys, torch\n"
+      "d = torch.load(sys.argv[1])\n"
+      "assert type(d) is dict, type(d)\n"
+      "assert all(isinstance(v, torch.Tensor) for v in d.values())\n"
+      "print(len(d), ','.join(d.keys()))\n"
+      "torch.save({k: v.clone() for k, v in d.items()}, sys.argv[2])\n";
+  Result py = run_program({"/usr/bin/python3", "-c", script, model_pt, dir / "back.pt"});
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  EXPECT_TRUE(contains(py.out, "num_batches_tracked")) << py.out;
+  NamedTensors ours = unpickle_tensors(slurp(model_pt), "model.pt");
+  NamedTensors theirs = unpickle_tensors(slurp(dir / "back.pt"), "back.pt");
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(ours[i].first, theirs[i].first);
+    EXPECT_TRUE(ours[i].second.equal(theirs[i].second)) << ours[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace gpurun::test
