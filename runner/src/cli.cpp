@@ -5,6 +5,8 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+// --set values hold commas ("model.hidden=[64,32]"): never split them into several values.
+#define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 
 #include "gpurun/ckpt_command.h"

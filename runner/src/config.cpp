@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <list>
 #include <map>
 #include <optional>
 #include <set>
@@ -398,9 +399,9 @@ class Assembly {
   explicit Assembly(std::string source) : source_(std::move(source)) {}
 
   void set(const Key& key, YAML::Node value, std::string where) {
-    settings_.erase(std::remove_if(settings_.begin(), settings_.end(),
-                                   [&](const Setting& s) { return s.key == &key; }),
-                    settings_.end());
+    // A std::list, because YAML::Node's assignment writes through to the node it refers to:
+    // shifting Settings in a vector would overwrite one value of the parsed tree with another.
+    settings_.remove_if([&](const Setting& s) { return s.key == &key; });
     settings_.push_back({&key, std::move(value), std::move(where)});
   }
   void fail(const std::string& where, const std::string& message) {
@@ -445,7 +446,7 @@ class Assembly {
   }
 
   std::string source_;
-  std::vector<Setting> settings_;
+  std::list<Setting> settings_;
   std::vector<std::string> errors_;
 };
 

@@ -40,25 +40,27 @@ std::string uninterrupted_digest(const std::string& config, const std::vector<st
 
 TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
   TempDir dir;
-  const std::string config = write_config(dir, small_config(1200, 40, 3));
-  const std::vector<std::string> sets{"checkpoint.every_steps=4"};
+  const std::string config = write_config(dir, small_config(2400, 40, 3));
+  const std::vector<std::string> sets{"checkpoint.every_steps=4", "model.hidden=[256,256]"};
   const std::string expected = uninterrupted_digest(config, sets);
   ASSERT_EQ(expected.size(), 16u);
 
   std::mt19937 rng(20261129);
-  std::uniform_real_distribution<double> delay(0.3, 2.5);
+  std::uniform_real_distribution<double> delay(0.4, 3.0);
   const std::string ckpt = dir / "ckpt";
+  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   int kills = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
-    pid_t pid = start_gpurun({config, "--ckpt", ckpt, "--resume", "--set", sets[0]},
-                             dir / "run");
+    pid_t pid = start_gpurun(args, dir / "run");
     if (kills < 5) {
       sleep_for(delay(rng));
-      if (kill(pid, SIGKILL) == 0) ++kills;
+      kill(pid, SIGKILL);
     }
     Result r = wait_gpurun(pid, dir / "run");
     if (r.exit_code == 0) break;
     ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+    ++kills;
   }
   EXPECT_GE(kills, 3);
   EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
@@ -177,10 +179,11 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   for (int attempt = 0; attempt < 12 && kills < 8; ++attempt) {
     pid_t pid = start_gpurun(args, dir / "run");
     sleep_for(delay(rng));
-    if (kill(pid, SIGKILL) == 0) ++kills;
+    kill(pid, SIGKILL);
     Result r = wait_gpurun(pid, dir / "run");
     if (r.exit_code == 0) break;
     ASSERT_EQ(r.signal, SIGKILL) << r.err;
+    ++kills;
     if (!fs::exists(ckpt / fs::path("LATEST"))) continue;
     // Every resume finds a complete checkpoint: the previous or the new one, never a torn one.
     Result v = run_gpurun({"ckpt", "verify", ckpt, "--json"});

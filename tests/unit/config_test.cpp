@@ -394,3 +394,20 @@ TEST(FormatBytes, Units) {
 
 }  // namespace
 }  // namespace gpurun
+
+namespace gpurun {
+namespace {
+// yaml-cpp's Node assignment writes through to the referenced node: replacing one setting must
+// leave every other value of the same flow mapping as written.
+TEST(Config, OverrideKeepsTheOtherValuesOfItsSection) {
+  const RunConfig c = parse_config(
+      "train: {epochs: 1, batch_size: 30, eval_batch_size: 200, seed: 7, threads: 1}\n", "run.yaml",
+      {"train.epochs=2", "train.seed=9", "train.epochs=3"});
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.batch_size, 30);
+  EXPECT_EQ(c.train.eval_batch_size, 200);
+  EXPECT_EQ(c.train.seed, 9);
+  EXPECT_EQ(c.train.threads, 1);
+}
+}  // namespace
+}  // namespace gpurun
