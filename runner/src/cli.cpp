@@ -21,15 +21,15 @@
 namespace gpurun {
 namespace {
 
+const char* const kDescription =
+    "gpurun: train a LibTorch model with checkpoints that survive a reclaimed machine";
+
 const char* const kUsage =
-    R"(gpurun: train a LibTorch model with checkpoints that survive a reclaimed machine
+    "[run] CONFIG.yaml --ckpt DIR [--resume] [--set KEY=VALUE]... [options]\n"
+    "  gpurun ckpt list|verify|inspect DIR [--json]\n"
+    "  gpurun status RUN_DIR [--json]";
 
-Usage:
-  gpurun [run] CONFIG.yaml --ckpt DIR [--resume] [--run-dir DIR] [--set KEY=VALUE]... [--device D]
-  gpurun ckpt list|verify|inspect DIR [--json]
-  gpurun status RUN_DIR [--json]
-  gpurun --help | --version
-
+const char* const kFooter = R"(
 Typical use, the same line after every interruption:
   gpurun --resume --ckpt /mnt/nas/exp1 examples/fashion_mnist.yaml
 
@@ -38,8 +38,8 @@ Exit codes: 0 finished, 2 usage or config error, 3 cannot resume,
 )";
 
 cxxopts::Options make_options() {
-  cxxopts::Options options("gpurun", kUsage);
-  options.custom_help("[run] CONFIG.yaml [options]");
+  cxxopts::Options options("gpurun", kDescription);
+  options.custom_help(kUsage);
   options.positional_help("");
   // clang-format off
   options.add_options("Run")
@@ -47,8 +47,7 @@ cxxopts::Options make_options() {
     ("resume", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none")
     ("run-dir", "where metrics.jsonl and status.json go (default: the --ckpt directory)", cxxopts::value<std::string>(), "DIR")
     ("set", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)", cxxopts::value<std::vector<std::string>>(), "KEY=VALUE")
-    ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D")
-    ("force", "take over the checkpoint directory's lease at once");
+    ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
     ("h,help", "show this help")
@@ -69,7 +68,7 @@ cxxopts::Options make_options() {
 Command parse_command_line(int argc, const char* const argv[]) {
   cxxopts::Options options = make_options();
   Command cmd;
-  cmd.help = options.help({"Run", "Output"});
+  cmd.help = options.help({"Run", "Output"}) + kFooter;
   cxxopts::ParseResult r;
   try {
     r = options.parse(argc, argv);
@@ -110,7 +109,6 @@ Command parse_command_line(int argc, const char* const argv[]) {
   cmd.run.ckpt_dir = r["ckpt"].as<std::string>();
   if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
   cmd.run.resume = r.count("resume") > 0;
-  cmd.run.force = r.count("force") > 0;
   cmd.run.device = r["device"].as<std::string>();
   if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
     cmd.run.restart_count = std::atoll(restarts);

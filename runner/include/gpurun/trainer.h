@@ -17,7 +17,6 @@ struct RunOptions {
   std::string ckpt_dir;   ///< checkpoint root; required
   std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
   bool resume = false;    ///< continue from the newest complete checkpoint if there is one
-  bool force = false;     ///< take the directory's lease at once
   std::string device = "auto";  ///< auto | cpu | cuda
   int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
 };
