@@ -60,7 +60,12 @@ Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // n
 Limit one_of(std::vector<std::string> choices) {
   return {-kInf, kInf, false, false, true, false, std::move(choices)};
 }
-// A SIZE key (e.g. memory.capacity: "24GiB" or "auto"): one_of({"auto"}) with size = true.
+/// A SIZE key (e.g. memory.capacity: "24GiB" or "auto").
+Limit size_or(std::vector<std::string> words) {
+  Limit l = one_of(std::move(words));
+  l.size = true;
+  return l;
+}
 
 constexpr bool kHashed = true;  // changes what is learned: part of config_hash
 constexpr bool kNotHashed = false;
@@ -117,6 +122,11 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
     {GPURUN_KEY(checkpoint, grace_seconds), above(0), "time to save after a signal", kNotHashed},
     {GPURUN_KEY(checkpoint, lease_timeout), above(0), "seconds to a stale lease", kNotHashed},
+    {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
+    {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
+    {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),
+     "how to fit: auto | accumulate | checkpoint | none", kNotHashed},
+    {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
     {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
   };
   return kSchema;

@@ -64,6 +64,14 @@ struct CheckpointConfig {
   double lease_timeout = 60;  ///< seconds after which a silent lease is stale
 };
 
+/// How gpurun fits the run to the device's memory (memory_plan.h).
+struct MemoryConfig {
+  std::string capacity = "auto";  ///< "auto" (the device's size) or a SIZE like "24GiB"
+  double headroom = 0.1;          ///< fraction of the capacity left free, in [0, 1)
+  std::string strategy = "auto";  ///< auto | accumulate | checkpoint | none
+  int64_t probe_steps = 3;        ///< measured training steps per probed configuration
+};
+
 struct LogConfig {
   int64_t every_steps = 10;  ///< a `step` event every N optimizer steps
 };
@@ -76,6 +84,7 @@ struct RunConfig {
   ScheduleConfig schedule;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  MemoryConfig memory;
   LogConfig log;
   std::string source;  ///< the file it came from, for messages
 };
