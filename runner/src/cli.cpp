@@ -12,6 +12,7 @@
 #include "gpurun/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
+#include "gpurun/plan_command.h"
 #include "gpurun/status.h"
 
 #ifndef GPURUN_VERSION
@@ -26,6 +27,7 @@ const char* const kDescription =
 
 const char* const kUsage =
     "[run] CONFIG.yaml --ckpt DIR [--resume] [--set KEY=VALUE]... [options]\n"
+    "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR [--json]";
 
@@ -47,7 +49,8 @@ cxxopts::Options make_options() {
     ("resume", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none")
     ("run-dir", "where metrics.jsonl and status.json go (default: the --ckpt directory)", cxxopts::value<std::string>(), "DIR")
     ("set", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)", cxxopts::value<std::vector<std::string>>(), "KEY=VALUE")
-    ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D");
+    ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D")
+    ("memory-limit", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator", cxxopts::value<std::string>(), "SIZE");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
     ("h,help", "show this help")
@@ -99,17 +102,24 @@ Command parse_command_line(int argc, const char* const argv[]) {
     cmd.dir = args[1];
     return cmd;
   }
+  if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
+  if (r.count("memory-limit")) cmd.run.memory_limit = parse_size(r["memory-limit"].as<std::string>());
+  cmd.run.device = r["device"].as<std::string>();
+  if (first == "plan") {
+    if (args.size() != 2) usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");
+    cmd.kind = Command::Kind::kPlan;
+    cmd.config_path = args[1];
+    return cmd;
+  }
   if (first == "run") args.erase(args.begin());
   if (args.size() != 1)
     usage_error(args.empty() ? "missing CONFIG.yaml" : "unexpected argument \"" + args[1] + "\"");
   cmd.kind = Command::Kind::kRun;
   cmd.config_path = args[0];
-  if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
   if (!r.count("ckpt")) usage_error("--ckpt DIR is required: where checkpoints go");
   cmd.run.ckpt_dir = r["ckpt"].as<std::string>();
   if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
   cmd.run.resume = r.count("resume") > 0;
-  cmd.run.device = r["device"].as<std::string>();
   if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
     cmd.run.restart_count = std::atoll(restarts);
   return cmd;
@@ -127,6 +137,9 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
     case Command::Kind::kStatus:
       return status_command(cmd.dir, cmd.json, out);
+    case Command::Kind::kPlan:
+      return plan_command(load_config(cmd.config_path, cmd.overrides), cmd.run.device,
+                          cmd.run.memory_limit, cmd.json, registry, out);
     case Command::Kind::kRun: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       spdlog::info("{}", format_resolved(config));

@@ -198,7 +198,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
 
   plan.eval_batch = req.eval_batch;
   for (;;) {
-    Probe e = eval_probe(plan.eval_batch);
+    Probe e = eval_probe(plan.eval_batch, plan);
     if (fits(e, usable)) break;
     if (plan.eval_batch == 1) nothing_fits(req, e.peak_bytes);
     plan.eval_batch = std::max<int64_t>(1, plan.eval_batch / 2);

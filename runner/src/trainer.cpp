@@ -2,8 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/cross_entropy_loss.h>
-#include <torch/cuda.h>
-#include <torch/utils.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -18,7 +17,10 @@
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
+#include "gpurun/memory_meter.h"
+#include "gpurun/memory_plan.h"
 #include "gpurun/registry.h"
+#include "gpurun/session.h"
 #include "gpurun/signals.h"
 #include "gpurun/state.h"
 #include "gpurun/status.h"
@@ -26,31 +28,12 @@
 
 namespace gpurun {
 
-void BatchPlan::validate() const {
-  if (micro_batch < 1 || accumulation_steps < 1 || world_size < 1 ||
-      global_batch != micro_batch * accumulation_steps * world_size)
-    throw ConfigError("batch plan: global batch " + std::to_string(global_batch) +
-                      " != micro-batch " + std::to_string(micro_batch) + " x accumulation " +
-                      std::to_string(accumulation_steps) + " x world size " +
-                      std::to_string(world_size));
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-torch::Device resolve_device(const std::string& name) {
-  if (name == "cpu") return torch::kCPU;
-  if (name == "cuda" || name == "auto") {
-    if (torch::cuda::is_available()) return torch::kCUDA;
-    if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
-    return torch::kCPU;
-  }
-  throw ConfigError("--device must be auto, cpu or cuda, got \"" + name + "\"");
 }
 
 /// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
@@ -78,27 +61,24 @@ class Trainer {
   Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry)
       : config_(config),
         options_(options),
-        device_(resolve_device(options.device)),
+        session_(open_session(config, options.device, options.memory_limit, registry)),
+        device_(session_.device),
+        data_(session_.data),
+        model_(session_.model),
         store_(options.ckpt_dir, config.checkpoint.keep_last),
-        reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, true) {
-    if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-    torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-    data_ = registry.make_dataset(config.data);
-    model_ = registry.make_model(config.model, data_.input_shape, data_.num_classes);
-    model_->to(device_);
-    params_ = model_->parameters();
-    optimizer_ = make_optimizer(config.optim, params_);
-    plan_.global_batch = config.train.batch_size;
-    plan_.accumulation_steps = config.train.accumulation_steps;
-    plan_.micro_batch = plan_.global_batch / plan_.accumulation_steps;
-    plan_.validate();
-    const int64_t n = data_.train->size();
-    steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
-    total_steps_ = steps_per_epoch_ * config.train.epochs;
-  }
+        reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, true) {}
 
   void run() {
     try {
+      check_directory();
+      plan_ = make_plan(config_, session_, /*world_size=*/1, saved_plan());
+      reporter_.event("plan", plan_.to_json());
+      log_plan();
+      params_ = model_->parameters();
+      optimizer_ = make_optimizer(config_.optim, params_);
+      const int64_t n = data_.train->size();
+      steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
+      total_steps_ = steps_per_epoch_ * config_.train.epochs;
       resume_or_start();
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
@@ -122,13 +102,40 @@ class Trainer {
   }
 
  private:
-  void resume_or_start() {
+  /// Refuses a directory that holds checkpoints unless resuming; cleans leftover temporaries.
+  void check_directory() {
     store_.clean_temporaries();
+    if (!options_.resume && store_.has_checkpoints())
+      throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
+                        store_.list(false).back().name +
+                        "); continue them with --resume, or use a new --ckpt directory");
+  }
+
+  /// The plan stored in the newest complete checkpoint, when resuming.
+  std::optional<MemoryPlan> saved_plan() const {
+    if (!options_.resume) return std::nullopt;
+    auto checkpoints = store_.list(false);
+    for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it)
+      if (it->complete && it->manifest.contains("plan"))
+        return MemoryPlan::from_json(it->manifest["plan"]);
+    return std::nullopt;
+  }
+
+  void log_plan() const {
+    const int64_t measured = plan_.measured_peak_bytes, estimated = plan_.estimated_peak_bytes;
+    spdlog::info("memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
+                 "eval batch {} ({})",
+                 plan_.micro_batch, plan_.accumulation_steps, plan_.world_size,
+                 plan_.global_batch, plan_.activation_checkpointing ? ", activation checkpointing" : "",
+                 plan_.eval_batch, plan_.reason);
+    spdlog::info("peak memory: measured {}, estimated {} ({:+.0f}%), capacity {}",
+                 format_bytes(measured), format_bytes(estimated),
+                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0,
+                 format_bytes(plan_.capacity_bytes));
+  }
+
+  void resume_or_start() {
     if (!options_.resume) {
-      if (store_.has_checkpoints())
-        throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
-                          store_.list(false).back().name +
-                          "); continue them with --resume, or use a new --ckpt directory");
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
       return;
     }
@@ -171,6 +178,7 @@ class Trainer {
     const at::Tensor order = epoch_permutation(n, config_.train.seed, epoch_);
     model_->train();
     auto epoch_start = Clock::now();
+    session_.meter->reset_peak();
     double loss_sum = 0;
     int64_t loss_samples = 0;
     stop_if_signalled();
@@ -200,21 +208,38 @@ class Trainer {
                               {"train_loss", train_loss},
                               {"eval_loss", eval_loss},
                               {"eval_accuracy", eval_accuracy},
+                              {"peak_bytes", session_.meter->peak_bytes()},
                               {"seconds", seconds}});
     save("epoch", epoch_ + 1, 0);
     stop_if_signalled();
   }
 
-  /// One optimizer step over `indices`, the window of this step; returns its mean loss.
+  /// One optimizer step over `indices`, the window of this step; returns its mean loss. On
+  /// c10's out-of-memory error the gradients are released, the micro-batch halved (global
+  /// batch kept) and the same step done again.
   double optimizer_step(const at::Tensor& indices) {
-    optimizer_->zero_grad();
-    const double loss =
-        accumulate_gradients(*model_, *data_.train, indices, plan_.micro_batch, device_);
-    if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
-    lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
-    set_learning_rate(*optimizer_, lr_);
-    optimizer_->step();
-    return loss;
+    for (;;) {
+      try {
+        optimizer_->zero_grad();
+        const double loss =
+            accumulate_gradients(*model_, *data_.train, indices, plan_.micro_batch, device_);
+        if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
+        lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
+        set_learning_rate(*optimizer_, lr_);
+        optimizer_->step();
+        return loss;
+      } catch (const c10::OutOfMemoryError& e) {
+        for (auto& p : params_) p.mutable_grad() = at::Tensor();
+        MemoryPlan smaller = halve_micro_batch(plan_);
+        reporter_.end_progress();
+        spdlog::warn("out of memory at global step {} with micro-batch {}; memory back to {}; "
+                     "retrying with micro-batch {} x accumulation {}",
+                     global_step_, plan_.micro_batch, format_bytes(session_.meter->current_bytes()),
+                     smaller.micro_batch, smaller.accumulation_steps);
+        plan_ = smaller;
+        reporter_.event("plan", plan_.to_json());
+      }
+    }
   }
 
   std::pair<double, double> evaluate() {
@@ -223,8 +248,8 @@ class Trainer {
     const int64_t n = data_.eval->size();
     double loss_sum = 0;
     int64_t correct = 0;
-    for (int64_t start = 0; start < n; start += config_.train.eval_batch_size) {
-      const int64_t count = std::min(config_.train.eval_batch_size, n - start);
+    for (int64_t start = 0; start < n; start += plan_.eval_batch) {
+      const int64_t count = std::min(plan_.eval_batch, n - start);
       Batch batch = data_.eval->get(at::arange(start, start + count, at::kLong));
       at::Tensor logits = model_->forward(batch.inputs.to(device_));
       at::Tensor targets = batch.targets.to(device_);
@@ -286,10 +311,7 @@ class Trainer {
     meta.world_size = plan_.world_size;
     meta.config_hash = config_hash(config_);
     meta.config = config_to_json(config_);
-    meta.plan = {{"global_batch", plan_.global_batch},
-                 {"micro_batch", plan_.micro_batch},
-                 {"accumulation_steps", plan_.accumulation_steps},
-                 {"world_size", plan_.world_size}};
+    meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
     const auto stall_start = Clock::now();
     CheckpointSnapshot snapshot = capture_state(*model_, *optimizer_, std::move(meta));
@@ -325,15 +347,16 @@ class Trainer {
 
   const RunConfig& config_;
   const RunOptions& options_;
-  torch::Device device_;
+  Session session_;
+  const c10::Device device_;
+  const DatasetSplits& data_;
+  std::shared_ptr<SegmentedModel> model_;
   CheckpointStore store_;
   Reporter reporter_;
   SampleTrace trace_;
-  DatasetSplits data_;
-  std::shared_ptr<SegmentedModel> model_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  BatchPlan plan_;
+  MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
   int64_t saves_ = 0;

@@ -47,7 +47,7 @@ PlanRequest request(int64_t capacity, const std::string& strategy = "auto") {
 
 MemoryPlan plan_for(Device& d, const PlanRequest& r) {
   return choose_plan(
-      r, [&](int64_t m, bool c) { return d.train(m, c); }, [&](int64_t b) { return d.eval(b); });
+      r, [&](int64_t m, bool c) { return d.train(m, c); }, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
 }
 
 TEST(Planner, FitsAsConfiguredWithOneProbe) {
@@ -148,7 +148,7 @@ TEST(Planner, OutOfMemoryProbeCountsAsNotFitting) {
     }
     return p;
   };
-  MemoryPlan p = choose_plan(request(3000, "accumulate"), train, [&](int64_t b) { return d.eval(b); });
+  MemoryPlan p = choose_plan(request(3000, "accumulate"), train, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
   EXPECT_EQ(p.micro_batch, 16);
 }
 

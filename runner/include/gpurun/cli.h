@@ -13,9 +13,9 @@ namespace gpurun {
 class Registry;
 
 struct Command {
-  enum class Kind { kRun, kCkpt, kStatus, kHelp, kVersion };
+  enum class Kind { kRun, kPlan, kCkpt, kStatus, kHelp, kVersion };
   Kind kind = Kind::kHelp;
-  std::string config_path;             ///< run
+  std::string config_path;             ///< run, plan
   std::vector<std::string> overrides;  ///< --set KEY=VALUE, in order (the last wins)
   RunOptions run;                      ///< run
   std::string action;                  ///< ckpt: list | verify | inspect

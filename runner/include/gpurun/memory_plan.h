@@ -59,7 +59,9 @@ struct PlanRequest {
 };
 
 using TrainProbeFn = std::function<Probe(int64_t micro_batch, bool checkpointing)>;
-using EvalProbeFn = std::function<Probe(int64_t eval_batch)>;
+/// Probes evaluation at `eval_batch` in the memory state of training with `train_plan`
+/// (gradients and optimizer state alive), as evaluation runs between training steps.
+using EvalProbeFn = std::function<Probe(int64_t eval_batch, const MemoryPlan& train_plan)>;
 
 /// Bytes the planner lets a plan use: capacity x (1 - headroom).
 int64_t usable_bytes(const PlanRequest& request);

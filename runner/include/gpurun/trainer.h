@@ -19,17 +19,7 @@ struct RunOptions {
   bool resume = false;    ///< continue from the newest complete checkpoint if there is one
   std::string device = "auto";  ///< auto | cpu | cuda
   int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
-};
-
-/// The batch geometry of an optimizer step. Invariant (checked by validate()):
-/// global_batch == micro_batch * accumulation_steps * world_size.
-struct BatchPlan {
-  int64_t global_batch = 0;        ///< samples per optimizer step, all ranks together
-  int64_t micro_batch = 0;         ///< samples per forward/backward pass on one rank
-  int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step on one rank
-  int64_t world_size = 1;
-  /// Throws ConfigError naming the four numbers when the invariant does not hold.
-  void validate() const;
+  int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device
 };
 
 /// Runs the whole training described by `config`, returning when the last epoch is done.

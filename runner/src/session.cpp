@@ -1,0 +1,110 @@
+#include "gpurun/session.h"
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+#include "gpurun/memory_meter.h"
+#include "gpurun/model.h"
+#include "gpurun/registry.h"
+
+namespace gpurun {
+
+c10::Device resolve_device(const std::string& name) {
+  if (name == "cpu") return c10::kCPU;
+  if (name == "cuda" || name == "auto") {
+    if (torch::cuda::is_available()) return c10::kCUDA;
+    if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
+    return c10::kCPU;
+  }
+  throw ConfigError("--device must be auto, cpu or cuda, got \"" + name + "\"");
+}
+
+int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
+  if (memory_limit > 0) return memory_limit;
+  if (config.memory.capacity != "auto") return parse_size(config.memory.capacity);
+  return 0;
+}
+
+Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
+                     const Registry& registry) {
+  Session s;
+  s.device = resolve_device(device);
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  s.data = registry.make_dataset(config.data);
+  s.meter = make_meter(s.device, memory_limit_bytes(config, memory_limit));
+  torch::manual_seed(static_cast<uint64_t>(config.train.seed));
+  s.model = registry.make_model(config.model, s.data.input_shape, s.data.num_classes);
+  s.model->to(s.device);
+  return s;
+}
+
+PlanRequest plan_request(const RunConfig& config, const Session& session, int64_t world_size) {
+  PlanRequest r;
+  r.global_batch = config.train.batch_size;
+  r.world_size = world_size;
+  r.micro_batch = config.train.batch_size / config.train.accumulation_steps / world_size;
+  r.eval_batch = config.train.eval_batch_size;
+  r.capacity_bytes = session.meter->capacity_bytes();
+  r.headroom = config.memory.headroom;
+  r.strategy = config.memory.strategy;
+  r.can_checkpoint = !session.model->segments().empty();
+  return r;
+}
+
+Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan) {
+  return estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
+                       plan.activation_checkpointing, session.device);
+}
+
+namespace {
+bool has_batch_norm(const torch::nn::Module& model) {
+  for (const auto& m : model.modules())
+    if (m->name().find("BatchNorm") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
+                     const std::optional<MemoryPlan>& saved) {
+  const PlanRequest request = plan_request(config, session, world_size);
+  if (config.train.batch_size % world_size != 0 ||
+      request.micro_batch * config.train.accumulation_steps * world_size != config.train.batch_size)
+    throw ConfigError("train.batch_size " + std::to_string(config.train.batch_size) +
+                      " must be divisible by train.accumulation_steps x world size (" +
+                      std::to_string(config.train.accumulation_steps) + " x " +
+                      std::to_string(world_size) + ")");
+  MemoryPlan plan;
+  if (saved && saved->capacity_bytes == request.capacity_bytes &&
+      saved->global_batch == request.global_batch && saved->world_size == world_size &&
+      saved->micro_batch > 0) {
+    plan = *saved;
+    spdlog::info("reusing the checkpoint's memory plan: micro-batch {} x accumulation {}{}",
+                 plan.micro_batch, plan.accumulation_steps,
+                 plan.activation_checkpointing ? ", activation checkpointing" : "");
+  } else {
+    if (saved && saved->capacity_bytes != request.capacity_bytes)
+      spdlog::warn("device capacity changed ({} -> {}): planning again, global batch kept",
+                   format_bytes(saved->capacity_bytes), format_bytes(request.capacity_bytes));
+    Prober prober(*session.model, session.data, config.optim, *session.meter,
+                  config.memory.probe_steps, session.device);
+    plan = choose_plan(
+        request, [&](int64_t m, bool c) { return prober.train(m, c); },
+        [&](int64_t b, const MemoryPlan& p) { return prober.eval(b, p); });
+  }
+  plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
+  plan.capacity_bytes = request.capacity_bytes;
+  session.model->set_checkpointed(
+      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
+                                    : std::vector<bool>{});
+  if (plan.micro_batch < 16 && has_batch_norm(*session.model))
+    spdlog::warn("the model has BatchNorm and the micro-batch is {}: its statistics are computed "
+                 "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
+                 plan.micro_batch, request.micro_batch);
+  return plan;
+}
+
+}  // namespace gpurun
