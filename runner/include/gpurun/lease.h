@@ -12,15 +12,19 @@
 // one, the same `pid_scope` (boot id and pid namespace), so two containers or two machines
 // that share a hostname never judge each other's pids.
 //
-// Taking a lease over is last-writer-wins: the taker writes lease.json atomically
-// (fs::replace_file), waits kVerifyDelaySeconds, re-reads it, and owns the lease only when its
-// random token is still there; a loser goes back to waiting. POSIX offers nothing stronger
-// across hosts of a shared file system (on NFS this relies on close-to-open consistency), so
-// the heartbeat thread also re-reads the lease before every write and, when another owner's
-// token is there (someone used --force), stops writing and raises lost(); the trainer polls
-// lost() and stops rather than interleave checkpoints.
+// Every write of lease.json is atomic (a temporary file, fsync'd, renamed over it, then the
+// directory fsync'd) and conditional: just before the rename the lease is read again and the
+// write is dropped when it changed (a taker's view of the old holder, or a heartbeat's own
+// token). Taking a lease over is then last-writer-wins: the taker waits kVerifyDelaySeconds,
+// re-reads, and owns the lease only when its random token is still there; a loser goes back
+// to waiting. POSIX offers nothing stronger across the hosts of a shared file system (on NFS
+// this relies on close-to-open consistency), so the heartbeat thread also checks the token
+// before every write and, when another owner's token is there (someone used --force), stops
+// writing and raises lost(); the trainer polls lost() and stops rather than interleave
+// checkpoints.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -33,12 +37,12 @@ namespace gpurun {
 
 /// The contents of a lease.json.
 struct LeaseHolder {
-  std::string host;        ///< gethostname() of the holder
-  int64_t pid = 0;         ///< the holder's process id (meaningful on `host` only)
-  double started = 0;      ///< unix seconds when the holder acquired the lease
-  double heartbeat = 0;    ///< unix seconds of the holder's last heartbeat
-  std::string token;       ///< random 128-bit hex owner token, unique per acquisition
-  std::string pid_scope;   ///< boot id + pid namespace where `pid` lives; may be empty
+  std::string host;       ///< gethostname() of the holder
+  int64_t pid = 0;        ///< the holder's process id (meaningful on `host` only)
+  double started = 0;     ///< unix seconds when the holder acquired the lease
+  double heartbeat = 0;   ///< unix seconds of the holder's last heartbeat
+  std::string token;      ///< random 128-bit hex owner token, unique per acquisition
+  std::string pid_scope;  ///< boot id + pid namespace where `pid` lives; may be empty
 };
 
 /// Seconds between two heartbeats for a lease that goes stale after `lease_timeout_seconds`:
@@ -81,9 +85,10 @@ class Lease {
   /// read or written. The heartbeat thread calls it every heartbeat_period_seconds().
   void heartbeat();
 
-  /// Re-reads lease.json: false when another owner's token is there, or after lost() or
-  /// release(); true when our token is there, or when the file is absent or unparsable (no
-  /// one else claims DIR; the next heartbeat rewrites it). Throws IoError on read errors.
+  /// Re-reads lease.json: false when another owner's token is there (lost() becomes true
+  /// too), or after lost() or release(); true when our token is there, or when the file is
+  /// absent or unparsable (no one else claims DIR; the next heartbeat rewrites it).
+  /// Throws IoError on read errors.
   bool still_ours() const;
 
   /// True once the lease was found taken by another owner. It never becomes false again:
@@ -103,18 +108,22 @@ class Lease {
  private:
   Lease(std::string dir, double lease_timeout_seconds, LeaseHolder me);
   void heartbeat_loop();
+  // False, and lost_ raised (logged once), when `h` carries another owner's token.
+  bool check_owner(const std::optional<LeaseHolder>& h) const;
 
   const std::string dir_;
-  const std::string path_;  // DIR/lease.json
-  const double timeout_;    // seconds
-  const double period_;     // seconds between heartbeats
+  const std::string path_;   // DIR/lease.json
+  const std::string token_;  // our owner token
+  const double period_;      // seconds between heartbeats
 
-  mutable std::mutex mu_;  // guards me_, released_, lost_, stop_; held across a heartbeat write
+  std::mutex io_mu_;       // serializes heartbeat writes and release's removal (held across I/O)
+  mutable std::mutex mu_;  // guards me_, released_, stop_ (never held across I/O)
   std::condition_variable stop_cv_;
   LeaseHolder me_;
   bool released_ = false;
-  bool lost_ = false;
   bool stop_ = false;
+  mutable std::atomic<bool> lost_{false};
+  std::once_flag join_once_;
   std::thread thread_;
 };
 
@@ -126,7 +135,7 @@ std::optional<LeaseHolder> read_lease(const std::string& dir);
 /// `lease_timeout_seconds`, or its pid is dead on this same host (see the file comment).
 bool lease_is_stale(const LeaseHolder& h, double lease_timeout_seconds, double now);
 
-/// Human-readable "host gpu-7, pid 4242, heartbeat 3.2 s ago" for messages, ages at `now`.
+/// "host gpu-7, pid 4242, heartbeat 3.2 s ago, started 60.0 s ago" for messages; ages at `now`.
 std::string describe_lease_holder(const LeaseHolder& h, double now);
 
 }  // namespace gpurun
