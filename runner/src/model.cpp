@@ -1,11 +1,22 @@
 #include "gpurun/model.h"
 
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <c10/core/GradMode.h>
+
+#include "gpurun/activation_checkpoint.h"
 #include "gpurun/hash.h"
 
 namespace gpurun {
 
 torch::Tensor SegmentedModel::forward(torch::Tensor x) {
-  for (auto& segment : segments_) x = segment->forward(x);
+  const bool checkpointing = !checkpointed_.empty() && is_training() && c10::GradMode::is_enabled();
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    x = checkpointing && checkpointed_[i] ? checkpointed_forward(segments_[i], x)
+                                          : segments_[i]->forward(x);
+  }
   return x;
 }
 
@@ -13,7 +24,18 @@ torch::nn::Sequential SegmentedModel::add_segment(const std::string& name,
                                                   torch::nn::Sequential segment) {
   segments_.push_back(register_module(name, segment));
   names_.push_back(name);
+  if (!checkpointed_.empty()) checkpointed_.push_back(false);
   return segments_.back();
+}
+
+void SegmentedModel::set_checkpointed(std::vector<bool> flags) {
+  if (!flags.empty() && flags.size() != segments_.size()) {
+    throw std::invalid_argument("set_checkpointed: got " + std::to_string(flags.size()) +
+                                " flags for a model of " + std::to_string(segments_.size()) +
+                                " segments; give one flag per segment, or none to turn "
+                                "checkpointing off");
+  }
+  checkpointed_ = std::move(flags);
 }
 
 namespace {

@@ -27,10 +27,23 @@ class SegmentedModel : public torch::nn::Module {
   const std::vector<torch::nn::Sequential>& segments() const { return segments_; }
   const std::vector<std::string>& segment_names() const { return names_; }
 
+  /// Chooses the segments that forward() runs with activation checkpointing (see
+  /// activation_checkpoint.h): flags[i] for segment i. Empty turns checkpointing off.
+  /// Checkpointing applies only in training mode with grad enabled; in eval mode or under
+  /// NoGradGuard every segment runs plainly. Outputs, gradients, the RNG stream and BatchNorm
+  /// statistics are the same either way (bit-identical on CPU; on CUDA as far as the kernels
+  /// are deterministic); only the peak memory differs.
+  /// Segments added later are not checkpointed. Throws std::invalid_argument when `flags`
+  /// is neither empty nor one flag per segment, naming both sizes.
+  void set_checkpointed(std::vector<bool> flags);
+
+  /// The flags of set_checkpointed(): empty, or one per segment.
+  const std::vector<bool>& checkpointed() const { return checkpointed_; }
 
  private:
   std::vector<torch::nn::Sequential> segments_;
   std::vector<std::string> names_;
+  std::vector<bool> checkpointed_;
 };
 
 /// The tensors of `model`'s state_dict in PyTorch's order (each module's own parameters,
