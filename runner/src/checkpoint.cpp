@@ -18,6 +18,7 @@
 #include <torch/version.h>  // TORCH_VERSION only; this file must not pull in torch/torch.h
 
 #include "gpurun/errors.h"
+#include "gpurun/faults.h"
 #include "gpurun/fs.h"
 #include "gpurun/hash.h"
 
@@ -325,6 +326,7 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
     result.bytes += static_cast<int64_t>(bytes.size());
   }
   const auto start = std::chrono::steady_clock::now();
+  const int64_t attempt = ++saves_;
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
   const std::string final_path = join(dir_, name);
   result.path = final_path;
@@ -361,6 +363,7 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
       }
       fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
       fs::sync_dir(tmp);
+      fault_point("before_rename", attempt);
       if (fs::exists(final_path)) {
         spdlog::warn("replacing {}, which does not verify", final_path);
         delete_folder(dir_, name);
@@ -378,6 +381,7 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
 
   // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
   // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.
+  fault_point("before_latest", attempt);
   fs::replace_file(join(dir_, kLatest), name + "\n");
   result.write_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

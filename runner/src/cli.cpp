@@ -1,5 +1,7 @@
 #include "gpurun/cli.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 
@@ -13,6 +15,7 @@
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
 #include "gpurun/plan_command.h"
+#include "gpurun/supervisor.h"
 #include "gpurun/status.h"
 
 #ifndef GPURUN_VERSION
@@ -49,7 +52,10 @@ cxxopts::Options make_options() {
     ("resume", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none")
     ("run-dir", "where metrics.jsonl and status.json go (default: the --ckpt directory)", cxxopts::value<std::string>(), "DIR")
     ("set", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)", cxxopts::value<std::vector<std::string>>(), "KEY=VALUE")
+    ("force", "take the checkpoint directory's lease at once, even from a run that looks alive")
     ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"), "D")
+    ("max-restarts", "run training in a child process and restart it with --resume after a crash, at most N times", cxxopts::value<int>()->default_value("0"), "N")
+    ("hang-timeout", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", cxxopts::value<double>()->default_value("0"), "SECONDS")
     ("memory-limit", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator", cxxopts::value<std::string>(), "SIZE");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
@@ -64,6 +70,25 @@ cxxopts::Options make_options() {
 
 [[noreturn]] void usage_error(const std::string& message) {
   throw ConfigError(message + "\n(see gpurun --help)");
+}
+
+/// The supervised worker's command line: ours without --max-restarts/--hang-timeout, with
+/// --resume (a restart continues from the last checkpoint), argv[0] this very binary.
+std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
+  std::vector<std::string> out{"/proc/self/exe"};
+  bool resume = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--max-restarts" || a == "--hang-timeout") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--max-restarts=", 0) == 0 || a.rfind("--hang-timeout=", 0) == 0) continue;
+    resume = resume || a == "--resume";
+    out.push_back(a);
+  }
+  if (!resume) out.push_back("--resume");
+  return out;
 }
 
 }  // namespace
@@ -120,6 +145,12 @@ Command parse_command_line(int argc, const char* const argv[]) {
   cmd.run.ckpt_dir = r["ckpt"].as<std::string>();
   if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
   cmd.run.resume = r.count("resume") > 0;
+  cmd.run.force = r.count("force") > 0;
+  cmd.max_restarts = r["max-restarts"].as<int>();
+  cmd.hang_timeout = r["hang-timeout"].as<double>();
+  if (cmd.max_restarts < 0) usage_error("--max-restarts must be >= 0");
+  if (cmd.hang_timeout < 0) usage_error("--hang-timeout must be >= 0");
+  if (cmd.max_restarts > 0 || cmd.hang_timeout > 0) cmd.child_argv = worker_argv(argc, argv);
   if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
     cmd.run.restart_count = std::atoll(restarts);
   return cmd;
@@ -142,6 +173,16 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
                           cmd.run.memory_limit, cmd.json, registry, out);
     case Command::Kind::kRun: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      if (!cmd.child_argv.empty()) {
+        SupervisorOptions s;
+        s.argv = cmd.child_argv;
+        // The worker re-reads the config; an error in it surfaces here first, unretried.
+        s.max_restarts = cmd.max_restarts;
+        s.hang_timeout = cmd.hang_timeout;
+        s.progress_file = (cmd.run.run_dir.empty() ? cmd.run.ckpt_dir : cmd.run.run_dir) + "/heartbeat";
+        if (isatty(STDERR_FILENO)) s.env["GPURUN_STDERR_TTY"] = "1";
+        return supervise(s);
+      }
       spdlog::info("{}", format_resolved(config));
       train(config, cmd.run, registry);
       return kExitOk;

@@ -122,6 +122,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
     {GPURUN_KEY(checkpoint, grace_seconds), above(0), "time to save after a signal", kNotHashed},
     {GPURUN_KEY(checkpoint, lease_timeout), above(0), "seconds to a stale lease", kNotHashed},
+    {GPURUN_KEY(checkpoint, async), any(), "write in the background while training goes on", kNotHashed},
+    {GPURUN_KEY(checkpoint, max_failures), at_least(1), "failed saves in a row before exit 1", kNotHashed},
     {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
     {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
     {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),

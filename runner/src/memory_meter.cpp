@@ -60,6 +60,9 @@ static_assert(sizeof(Header) <= kHeaderBytes, "Header must fit in front of the d
 /// and the context (as for LibTorch's default CPU allocator), so raw_allocate() and
 /// raw_deallocate() work too.
 void delete_counted(void* data) {
+  // raw_deallocate() of a zero-byte raw_allocate() (mkldnn does both) passes the null data of
+  // the uncounted empty allocation.
+  if (data == nullptr) return;
   auto* header = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeaderBytes);
   Header h = *header;
   if (h.counter != nullptr) {

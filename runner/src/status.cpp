@@ -1,8 +1,11 @@
 #include "gpurun/status.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -26,7 +29,10 @@ std::string host_name() {
 }  // namespace
 
 Reporter::Reporter(std::string run_dir, bool enabled)
-    : run_dir_(std::move(run_dir)), enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0) {
+    : run_dir_(std::move(run_dir)),
+      enabled_(enabled),
+      // Under the supervisor stderr is a pipe to a terminal the supervisor holds.
+      tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr) {
   if (enabled_) fs::make_dirs(run_dir_);
   status_["pid"] = static_cast<int64_t>(getpid());
   status_["host"] = host_name();
@@ -67,6 +73,18 @@ void Reporter::progress(const std::string& line, bool force) {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
   std::fflush(stderr);
+}
+
+void Reporter::heartbeat() {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_heartbeat_ < std::chrono::seconds(1)) return;
+  last_heartbeat_ = now;
+  const std::string path = run_dir_ + "/heartbeat";
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
 }
 
 void Reporter::end_progress() {

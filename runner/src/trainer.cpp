@@ -7,16 +7,19 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <spdlog/spdlog.h>
 
 #include "gpurun/checkpoint.h"
+#include "gpurun/checkpoint_writer.h"
 #include "gpurun/errors.h"
 #include "gpurun/faults.h"
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
+#include "gpurun/lease.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
 #include "gpurun/registry.h"
@@ -70,6 +73,7 @@ class Trainer {
 
   void run() {
     try {
+      take_lease();
       check_directory();
       plan_ = make_plan(config_, session_, /*world_size=*/1, saved_plan());
       reporter_.event("plan", plan_.to_json());
@@ -86,6 +90,7 @@ class Trainer {
                         {"restarts", options_.restart_count}},
                        true);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
+      drain_writes();
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
                    model_digest(*model_));
@@ -102,6 +107,19 @@ class Trainer {
   }
 
  private:
+  /// Holds DIR/lease.json for the whole run, so that two machines never interleave
+  /// checkpoints in one directory. A target where the lease cannot be written (read-only,
+  /// full) is reported and training goes on: its saves fail and are reported the same way.
+  void take_lease() {
+    try {
+      lease_ = Lease::acquire(options_.ckpt_dir, config_.checkpoint.lease_timeout, options_.force);
+    } catch (const IoError& e) {
+      spdlog::error("cannot hold the lease of {}: {}; training goes on, but checkpoints will "
+                    "fail the same way",
+                    options_.ckpt_dir, e.what());
+    }
+  }
+
   /// Refuses a directory that holds checkpoints unless resuming; cleans leftover temporaries.
   void check_directory() {
     store_.clean_temporaries();
@@ -192,6 +210,8 @@ class Trainer {
       loss_sum += loss * window;
       loss_samples += window;
       fault_point("after_step", global_step_);
+      reporter_.heartbeat();
+      report_finished_writes();
       after_step(loss, window);
       if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
       stop_if_signalled();
@@ -250,6 +270,7 @@ class Trainer {
     int64_t correct = 0;
     for (int64_t start = 0; start < n; start += plan_.eval_batch) {
       const int64_t count = std::min(plan_.eval_batch, n - start);
+      reporter_.heartbeat();
       Batch batch = data_.eval->get(at::arange(start, start + count, at::kLong));
       at::Tensor logits = model_->forward(batch.inputs.to(device_));
       at::Tensor targets = batch.targets.to(device_);
@@ -304,6 +325,10 @@ class Trainer {
 
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position) {
+    if (lease_ && lease_->lost())
+      throw ConfigError("another run took over " + options_.ckpt_dir +
+                        " (lease.json); stopping without saving, so that two runs never "
+                        "interleave checkpoints");
     CheckpointMeta meta;
     meta.epoch = epoch;
     meta.global_step = global_step_;
@@ -313,24 +338,64 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
+    // The stall: copying the state to host memory, plus waiting for a write still in flight.
     const auto stall_start = Clock::now();
-    CheckpointSnapshot snapshot = capture_state(*model_, *optimizer_, std::move(meta));
-    SaveResult result = store_.save(snapshot);
-    const double stall = seconds_since(stall_start);
+    writer_.submit(capture_state(*model_, *optimizer_, std::move(meta)));
+    stalls_[global_step_] = seconds_since(stall_start);
     last_saved_step_ = global_step_;
     last_save_time_ = Clock::now();
-    last_checkpoint_ = result.path;
-    fault_point("after_save", ++saves_);
-    spdlog::debug("saved {} ({}, {:.2f} s)", result.path, format_bytes(result.bytes),
-                  result.write_seconds);
-    reporter_.event("checkpoint", {{"path", result.path},
-                                   {"epoch", epoch},
-                                   {"global_step", global_step_},
-                                   {"bytes", result.bytes},
-                                   {"stall_seconds", stall},
-                                   {"write_seconds", result.write_seconds}});
-    reporter_.status({{"last_checkpoint", result.path}}, true);
+    report_finished_writes();
     interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
+  }
+
+  /// Reports the background writes that finished: a `checkpoint` event for each success; for
+  /// a failure an error that keeps training going (the last complete checkpoint is untouched)
+  /// until checkpoint.max_failures saves in a row have failed.
+  void report_finished_writes() {
+    for (WriteOutcome& o : writer_.finished()) {
+      const int64_t step = o.meta.global_step;
+      const double stall = stalls_[step];
+      stalls_.erase(step);
+      if (!o.result) {
+        ++failed_saves_;
+        reporter_.end_progress();
+        spdlog::error("checkpoint of global step {} failed: {}; the last complete checkpoint "
+                      "({}) is untouched; training goes on and saves again at the next "
+                      "checkpoint ({} of {} failures in a row)",
+                      step, o.error, last_checkpoint_.empty() ? "none" : last_checkpoint_,
+                      failed_saves_, config_.checkpoint.max_failures);
+        reporter_.event("checkpoint_failed", {{"global_step", step}, {"error", o.error},
+                                              {"errno", o.error_number},
+                                              {"failures_in_a_row", failed_saves_}});
+        if (failed_saves_ >= config_.checkpoint.max_failures)
+          throw Error("stopping: " + std::to_string(failed_saves_) +
+                      " checkpoints in a row failed; last error: " + o.error);
+        continue;
+      }
+      failed_saves_ = 0;
+      const SaveResult& r = *o.result;
+      last_checkpoint_ = r.path;
+      const double save_seconds = stall + r.write_seconds;
+      if (!warned_grace_ && save_seconds > config_.checkpoint.grace_seconds) {
+        warned_grace_ = true;
+        spdlog::warn("a checkpoint takes {:.1f} s, more than checkpoint.grace_seconds ({:.0f} s): "
+                     "a spot reclaim or Slurm's signal may not leave time to save",
+                     save_seconds, config_.checkpoint.grace_seconds);
+      }
+      reporter_.event("checkpoint", {{"path", r.path},
+                                     {"epoch", o.meta.epoch},
+                                     {"global_step", step},
+                                     {"bytes", r.bytes},
+                                     {"stall_seconds", stall},
+                                     {"write_seconds", r.write_seconds}});
+      reporter_.status({{"last_checkpoint", r.path}}, true);
+    }
+  }
+
+  /// Waits for the write in flight and reports it.
+  void drain_writes() {
+    writer_.wait();
+    report_finished_writes();
   }
 
   /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
@@ -342,6 +407,7 @@ class Trainer {
     spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
     reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
     if (global_step_ != last_saved_step_) save("signal", epoch_, position_);
+    drain_writes();
     throw Stopped(sig);
   }
 
@@ -353,13 +419,17 @@ class Trainer {
   std::shared_ptr<SegmentedModel> model_;
   CheckpointStore store_;
   Reporter reporter_;
+  std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
+  CheckpointWriter writer_{store_, config_.checkpoint.async};
   SampleTrace trace_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
-  int64_t saves_ = 0;
+  std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
+  int64_t failed_saves_ = 0;
+  bool warned_grace_ = false;
   int64_t last_saved_step_ = 0;  // step 0 needs no checkpoint: resuming from none is fresh
   double lr_ = 0;
   std::string last_checkpoint_;

@@ -120,13 +120,14 @@ TEST(Cases, MidEpochResumeNeitherLosesNorRepeatsData) {
 
   const std::string ckpt = dir / "ckpt";
   // Epoch 1 step 5 is global step 15 (10 steps per epoch): killed right after it, before the
-  // checkpoint every 2 steps would save it, so the newest checkpoint holds 14 steps.
+  // checkpoint every 2 steps would save it. Writes are asynchronous, so the newest complete
+  // checkpoint holds 14 steps, or fewer when a write was still in flight.
   Result killed = run_gpurun({config, "--ckpt", ckpt, "--set", sets[0]},
                              {{"GPURUN_TRACE_SAMPLES", dir / "killed.trace"},
                               {"GPURUN_FAULT", "sigkill:after_step:16"}});
   ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
   const int64_t saved_step = inspect(ckpt).value("global_step", -1);
-  EXPECT_EQ(saved_step, 14);
+  EXPECT_TRUE(saved_step >= 10 && saved_step <= 14 && saved_step % 2 == 0) << saved_step;
   Result resumed = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", sets[0]},
                               {{"GPURUN_TRACE_SAMPLES", dir / "resumed.trace"}});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
@@ -139,7 +140,7 @@ TEST(Cases, MidEpochResumeNeitherLosesNorRepeatsData) {
   auto resume = events(ckpt, "resume");
   ASSERT_EQ(resume.size(), 1u);
   EXPECT_EQ(resume[0]["epoch"], 1);
-  EXPECT_EQ(resume[0]["global_step"], 14);
+  EXPECT_EQ(resume[0]["global_step"], saved_step);
   EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
 }
 
@@ -155,11 +156,21 @@ TEST(Cases, NoExtraStepAfterAnEndOfEpochCheckpoint) {
   Result resumed = run_gpurun({config, "--ckpt", ckpt, "--resume"},
                               {{"GPURUN_TRACE_SAMPLES", dir / "b.trace"}});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  const auto before = trace_lines(dir / "a.trace");
+  // The killed process may have started epoch 1 while its checkpoint was written in the
+  // background; that work is lost, not counted: the steps that make the final model are those
+  // before the checkpoint plus those after the resume.
+  std::vector<std::string> steps;
+  for (const auto& line : trace_lines(dir / "a.trace"))
+    if (step_of(line) < 3) steps.push_back(line);
   const auto after = trace_lines(dir / "b.trace");
-  EXPECT_EQ(before.size() + after.size(), 9u);
-  ASSERT_FALSE(after.empty());
+  steps.insert(steps.end(), after.begin(), after.end());
+  ASSERT_EQ(steps.size(), 9u);
+  for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(step_of(steps[i]), i);
   EXPECT_EQ(after.front().substr(0, 4), "3 1 ");  // global step 3, epoch 1
+  auto resume = events(ckpt, "resume");
+  ASSERT_EQ(resume.size(), 1u);
+  EXPECT_EQ(resume[0]["epoch"], 1);
+  EXPECT_EQ(resume[0]["global_step"], 3);
   EXPECT_EQ(inspect(ckpt).value("global_step", -1), 9);
 }
 

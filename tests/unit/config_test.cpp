@@ -183,7 +183,7 @@ TEST(Config, UnknownSectionListsSections) {
   const std::string msg = error_of("train:\n  epochs: 2\noptimizer:\n  lr: 0.1\n");
   EXPECT_TRUE(contains(msg, "run.yaml:3: unknown section optimizer"));
   EXPECT_TRUE(contains(msg, "did you mean optim?"));
-  EXPECT_TRUE(contains(msg, "model, data, optim, schedule, train, checkpoint, log"));
+  EXPECT_TRUE(contains(msg, "model, data, optim, schedule, train, checkpoint, memory, log"));
   EXPECT_TRUE(contains(error_of("zzz: 1\n"), "unknown section zzz (sections: model,"));
 }
 

@@ -117,6 +117,7 @@ class CheckpointStore {
  private:
   std::string dir_;
   int64_t keep_last_;
+  int64_t saves_ = 0;  ///< saves started, for the test-only fault points (faults.h)
 };
 
 CheckpointMeta meta_from_manifest(const nlohmann::json& manifest);

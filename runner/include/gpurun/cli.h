@@ -22,6 +22,9 @@ struct Command {
   std::string dir;                     ///< ckpt DIR, status RUN_DIR
   bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
   std::string help;                    ///< the --help text
+  int max_restarts = 0;                ///< run: restarts after a crash (supervisor.h)
+  double hang_timeout = 0;             ///< run: seconds without a step before kill + restart
+  std::vector<std::string> child_argv; ///< run under the supervisor: the worker's command line
 };
 
 /// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an

@@ -62,6 +62,8 @@ struct CheckpointConfig {
   int64_t keep_last = 3;     ///< complete checkpoints kept; the newest is never deleted
   double grace_seconds = 25;  ///< time a signal leaves us to save and exit
   double lease_timeout = 60;  ///< seconds after which a silent lease is stale
+  bool async = true;          ///< write in a background thread while training goes on
+  int64_t max_failures = 3;   ///< failed saves in a row before the run stops (exit 1)
 };
 
 /// How gpurun fits the run to the device's memory (memory_plan.h).

@@ -2,13 +2,16 @@
 //
 //   GPURUN_FAULT=ACTION:POINT:N[,ACTION:POINT:N...]
 //     ACTION  sigkill (the process SIGKILLs itself) | abort (SIGABRT, like a crash) |
-//             exit1 (exit code 1) | sigterm (a stop request, as from `kill`)
+//             exit1 (exit code 1) | sigterm (a stop request, as from `kill`) |
+//             sleepMS (sleeps MS milliseconds: slow storage, a hang)
 //     POINT   after_step (N = optimizer steps completed) | after_save (N = saves completed
 //             by this process) | before_rename (N = saves started by this process; fires
-//             after every file of the checkpoint is written, before the folder is renamed)
+//             after every file of the checkpoint is written, before the folder is renamed) |
+//             before_latest (same N; after the rename, before LATEST is replaced)
+//     N       a count, or * for every occurrence
 //
-// Faults fire only in the process whose GPURUN_RESTART_COUNT matches GPURUN_FAULT_RESTART
-// (default 0), so a supervised restart runs clean.
+// Faults fire only in processes whose GPURUN_RESTART_COUNT is listed in GPURUN_FAULT_RESTART
+// (comma-separated, default "0"), so a supervised restart runs clean.
 #pragma once
 
 #include <cstdint>

@@ -27,6 +27,10 @@ class Reporter {
   /// Shows "epoch 2/5  step 340/1170  loss 0.4123  812 samples/s  ETA 3m12s"; on a terminal
   /// in place at most every 0.25 s, otherwise one line at most every 10 s (or when `force`).
   void progress(const std::string& line, bool force = false);
+  /// Touches RUN_DIR/heartbeat (at most once a second): the supervisor's hang watchdog reads
+  /// its modification time as proof of progress.
+  void heartbeat();
+
   /// Ends an in-place progress line before other output.
   void end_progress();
 
@@ -38,7 +42,7 @@ class Reporter {
   bool tty_;
   bool progress_open_ = false;
   nlohmann::json status_ = nlohmann::json::object();
-  std::chrono::steady_clock::time_point last_status_{}, last_progress_{};
+  std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
 };
 
 /// Seconds as "1h02m", "3m12s", "45s".

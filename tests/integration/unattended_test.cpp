@@ -1,0 +1,192 @@
+// Surviving reclaim unattended (issue 4): signals, slow storage (case 14), storage faults on
+// real tmpfs mounts, the supervisor's restarts, and the directory lease.
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "integration/harness.h"
+
+namespace gpurun::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets) {
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+bool has_temporaries(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
+  return false;
+}
+
+/// Waits until `dir` holds a .tmp- checkpoint folder (a write in flight); false on timeout.
+bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    if (fs::exists(dir, ec)) {
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().filename().string().rfind(".tmp-ckpt", 0) == 0) return true;
+    }
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    sleep_for(0.005);
+  }
+  return false;
+}
+
+/// A tmpfs of `size` mounted at a fresh directory; unmounted by the destructor.
+class Tmpfs {
+ public:
+  Tmpfs(const std::string& size, bool read_only) {
+    const std::string opts = "size=" + size;
+    ok_ = mount("tmpfs", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, opts.c_str()) == 0;
+  }
+  ~Tmpfs() {
+    if (ok_) umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  bool ok() const { return ok_; }
+  const std::string& path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  bool ok_ = false;
+};
+
+TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2400, 40, 2));
+  const std::vector<std::string> sets{"model.hidden=[256,256]", "checkpoint.every_steps=25"};
+  Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const std::string expected = inspect(dir / "reference").value("model_digest", "");
+
+  const std::string ckpt = dir / "ckpt";
+  std::mt19937 rng(75);
+  std::uniform_real_distribution<double> delay(0.5, 2.5);
+  int stopped = 0;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), dir / "run");
+    if (stopped < 3) {
+      sleep_for(delay(rng));
+      kill(pid, SIGTERM);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = wait_gpurun(pid, dir / "run");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.exit_code == 0) break;
+    ASSERT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_LT(seconds, 25.0) << "must fit checkpoint.grace_seconds";
+    EXPECT_TRUE(contains(r.err, "--resume")) << r.err;
+    ++stopped;
+    // What a stop saved is the newest complete checkpoint: the signal's own step.
+    auto signal_events = events(ckpt, "signal");
+    ASSERT_FALSE(signal_events.empty());
+    EXPECT_EQ(inspect(ckpt)["global_step"], signal_events.back()["global_step"]);
+  }
+  EXPECT_GE(stopped, 2);
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
+}
+
+// Case 14: a save that takes longer than a step (slow network storage).
+TEST(Cases, SlowStorageDoesNotBlockTrainingAndASignalStillEndsComplete) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2400, 40, 1));
+  const std::vector<std::string> sets{"checkpoint.every_steps=10", "model.hidden=[256]"};
+  const Env slow{{"GPURUN_FAULT", "sleep700:before_rename:*"}};
+  Result full = run_gpurun(with_sets({config, "--ckpt", dir / "full"}, sets), slow);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  auto saves = events(dir / "full", "checkpoint");
+  ASSERT_GE(saves.size(), 3u);
+  for (const auto& e : saves) {
+    EXPECT_GE(e["write_seconds"].get<double>(), 0.7);
+    EXPECT_TRUE(e.contains("stall_seconds"));
+  }
+  // The first save's stall is the host copy only, far below its write time.
+  EXPECT_LT(saves[0]["stall_seconds"].get<double>(), 0.5 * saves[0]["write_seconds"].get<double>());
+
+  const std::string ckpt = dir / "ckpt";
+  pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "run", slow);
+  ASSERT_TRUE(wait_for_write_in_flight(ckpt, pid, 60)) << slurp(dir / "run.err");
+  kill(pid, SIGTERM);
+  Result r = wait_gpurun(pid, dir / "run");
+  ASSERT_EQ(r.exit_code, 75) << r.err;
+  const auto signal_events = events(ckpt, "signal");
+  ASSERT_EQ(signal_events.size(), 1u);
+  nlohmann::json newest = inspect(ckpt);
+  EXPECT_EQ(newest["global_step"], signal_events[0]["global_step"]);
+  EXPECT_EQ(run_gpurun({"ckpt", "verify", ckpt}).exit_code, 0);
+  EXPECT_FALSE(has_temporaries(ckpt));
+}
+
+TEST(Storage, FullDiskKeepsTheLastCheckpointAndStopsAfterMaxFailures) {
+  Tmpfs disk("6m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2400, 40, 3));
+  // Each checkpoint is ~3.5 MB: the first fits, a second one beside it does not.
+  Result r = run_gpurun(with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
+                                  {"model.hidden=[512,256]", "checkpoint.every_steps=10",
+                                   "checkpoint.keep_last=1", "checkpoint.max_failures=3"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
+  EXPECT_TRUE(contains(r.err, "training goes on")) << r.err;
+  EXPECT_EQ(events(dir / "run", "checkpoint_failed").size(), 3u);
+  EXPECT_EQ(run_gpurun({"ckpt", "verify", disk.path()}).exit_code, 0);
+  EXPECT_EQ(inspect(disk.path())["global_step"], 10);
+  EXPECT_FALSE(has_temporaries(disk.path()));
+}
+
+TEST(Storage, ReadOnlyTargetIsAClearErrorAndTrainingGoesOnUntilMaxFailures) {
+  Tmpfs disk("4m", true);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 1));
+  Result r = run_gpurun(with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
+                                  {"checkpoint.every_steps=2", "checkpoint.max_failures=2"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
+  EXPECT_TRUE(contains(r.err, disk.path())) << r.err;
+  EXPECT_GE(events(dir / "run", "step").size(), 2u) << "training went on between failed saves";
+}
+
+TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 2));
+  const std::vector<std::string> sets{"checkpoint.every_steps=4"};
+  Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  // The fault fires in the first run and in the first restart; the second restart runs clean.
+  Result r = run_gpurun(with_sets({config, "--ckpt", dir / "ckpt", "--max-restarts", "3"}, sets),
+                        {{"GPURUN_FAULT", "abort:after_step:7"}, {"GPURUN_FAULT_RESTART", "0,1"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
+  EXPECT_EQ(events(dir / "ckpt", "resume").size(), 2u);
+  EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
+}
+
+TEST(Supervisor, ConfigErrorIsNotRetried) {
+  TempDir dir;
+  const std::string config = write_config(dir, "train: {epocs: 2}\n");
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--max-restarts", "3"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(contains(r.err, "restart")) << r.err;
+}
+
+}  // namespace
+}  // namespace gpurun::test
