@@ -4,6 +4,11 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <numeric>
+
 #include <spdlog/spdlog.h>
 
 #include "gpurun/errors.h"
@@ -35,10 +40,31 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   s.device = resolve_device(device);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);
-  s.meter = make_meter(s.device, memory_limit_bytes(config, memory_limit));
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   s.model = registry.make_model(config.model, s.data.input_shape, s.data.num_classes);
   s.model->to(s.device);
+  // The weights are copied again under the meter, so that they count as device memory, and a
+  // model whose weights alone exceed the capacity is refused with what it needs.
+  s.meter = make_meter(s.device, memory_limit_bytes(config, memory_limit));
+  auto tensors = state_dict(*s.model);
+  const int64_t weights = static_cast<int64_t>(
+      std::accumulate(tensors.begin(), tensors.end(), size_t{0},
+                      [](size_t n, const auto& e) { return n + e.second.nbytes(); }));
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& entry : tensors) entry.second.set_data(entry.second.clone());
+  } catch (const c10::OutOfMemoryError&) {
+    const int64_t need =
+        weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
+    const std::string card = smallest_card_for(need, config.memory.headroom);
+    throw ConfigError("the model does not fit: its weights alone are " + std::to_string(weights) +
+                      " bytes (" + format_bytes(weights) + "); with gradients and optimizer "
+                      "state it needs about " + std::to_string(need) + " bytes, the device has " +
+                      std::to_string(s.meter->capacity_bytes()) + " bytes (" +
+                      format_bytes(s.meter->capacity_bytes()) + "); " +
+                      (card.empty() ? "no common card is large enough"
+                                    : "the smallest common card that fits: " + card));
+  }
   return s;
 }
 

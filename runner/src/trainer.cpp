@@ -177,7 +177,9 @@ class Trainer {
           "checkpoint was written with {} threads and CPU capability {}; this run uses "
           "{} and {}: results will differ in the last bits",
           meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
+    session_.meter->reset_peak();
     restore_state(*loaded, *model_, *optimizer_);
+    const int64_t load_peak = session_.meter->peak_bytes();
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
@@ -186,6 +188,7 @@ class Trainer {
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
     reporter_.event("resume", {{"path", loaded->info.path},
+                               {"peak_bytes", load_peak},
                                {"epoch", epoch_},
                                {"global_step", global_step_},
                                {"position_in_epoch", position_}});

@@ -1,0 +1,184 @@
+// Fitting the run to the device (issue 3) with the real binary: --memory-limit on CPU is
+// enforced by the counting allocator, so these runs really allocate under the limit.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "integration/harness.h"
+
+namespace gpurun::test {
+namespace {
+
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets) {
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+/// `gpurun plan --json` for `config` with `sets`.
+nlohmann::json plan_json(const std::string& config, const std::vector<std::string>& sets,
+                         const std::string& limit = "") {
+  std::vector<std::string> args{"plan", config, "--json"};
+  if (!limit.empty()) args.insert(args.end(), {"--memory-limit", limit});
+  Result r = run_gpurun(with_sets(args, sets));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_TRUE(j.is_object()) << r.out;
+  return j;
+}
+
+std::vector<double> learning_rates(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const auto& e : events(run_dir, "step")) out.push_back(e["lr"].get<double>());
+  return out;
+}
+
+const char* kCnn =
+    "model: {name: cnn, channels: [8, 16]}\n"
+    "data: {name: idx, train_samples: 2560, eval_samples: 1000}\n"
+    "optim: {name: adam, lr: 0.002}\n"
+    "train: {epochs: 2, batch_size: 128, eval_batch_size: 250, seed: 5, threads: 1}\n"
+    "log: {every_steps: 1}\n";
+
+TEST(MemoryFit, RunUnderALimitBelowTheConfiguredPeakFitsAndLearnsTheSame) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  const nlohmann::json unlimited = plan_json(config, {});
+  const int64_t peak = unlimited["measured_peak_bytes"];
+  ASSERT_GT(peak, 0);
+  EXPECT_EQ(unlimited["accumulation_steps"], 1);
+  const int64_t limit = peak * 6 / 10;
+
+  Result free_run = run_gpurun({config, "--ckpt", dir / "free"});
+  ASSERT_EQ(free_run.exit_code, 0) << free_run.err;
+  Result limited = run_gpurun({config, "--ckpt", dir / "limited", "--memory-limit",
+                               std::to_string(limit)});
+  ASSERT_EQ(limited.exit_code, 0) << limited.err;
+
+  const auto plans = events(dir / "limited", "plan");
+  ASSERT_EQ(plans.size(), 1u);
+  const auto& plan = plans[0];
+  EXPECT_LE(plan["measured_peak_bytes"].get<int64_t>(), limit);
+  EXPECT_EQ(plan["capacity_bytes"], limit);
+  EXPECT_TRUE(plan["accumulation_steps"].get<int64_t>() > 1 ||
+              plan["activation_checkpointing"].get<bool>())
+      << plan.dump();
+  EXPECT_EQ(plan["micro_batch"].get<int64_t>() * plan["accumulation_steps"].get<int64_t>(), 128);
+
+  const auto free_epochs = events(dir / "free", "epoch");
+  const auto limited_epochs = events(dir / "limited", "epoch");
+  ASSERT_EQ(limited_epochs.size(), 2u);
+  EXPECT_NEAR(limited_epochs.back()["eval_accuracy"].get<double>(),
+              free_epochs.back()["eval_accuracy"].get<double>(), 0.02);
+  // The planner's predicted peak is within 15% of the peak measured during training.
+  for (const auto& e : limited_epochs) {
+    const double trained = e["peak_bytes"].get<double>();
+    EXPECT_LE(trained, static_cast<double>(limit));
+    EXPECT_LT(std::abs(plan["measured_peak_bytes"].get<double>() - trained) / trained, 0.15)
+        << "plan " << plan["measured_peak_bytes"] << " vs training " << trained;
+  }
+}
+
+// Case 3: 40 micro-batches, accumulation 4, 10-step warm-up: 10 scheduler steps, each LR equal
+// to a run with a 4x micro-batch; the same when the accumulation came from the planner.
+TEST(Cases, SchedulerStepsOncePerOptimizerStep) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir,
+      "model: {name: cnn, channels: [8]}\n"
+      "data: {name: idx, train_samples: 320, eval_samples: 100}\n"
+      "optim: {name: sgd, lr: 0.1}\n"
+      "schedule: {name: cosine, warmup_steps: 10}\n"
+      "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n"
+      "log: {every_steps: 1}\n");
+  Result accumulated = run_gpurun(
+      {config, "--ckpt", dir / "a", "--set", "train.accumulation_steps=4"});
+  ASSERT_EQ(accumulated.exit_code, 0) << accumulated.err;
+  Result plain = run_gpurun({config, "--ckpt", dir / "b"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::vector<double> lr = learning_rates(dir / "a");
+  ASSERT_EQ(lr.size(), 10u);
+  EXPECT_EQ(lr, learning_rates(dir / "b"));
+  EXPECT_DOUBLE_EQ(lr[0], 0.01);  // warm-up: one tenth per optimizer step
+  EXPECT_DOUBLE_EQ(lr[9], 0.1);
+  EXPECT_EQ(events(dir / "a", "plan")[0]["accumulation_steps"], 4);
+
+  // Accumulation chosen by the planner: a limit between micro-batch 8's peak and 32's.
+  const int64_t p32 = plan_json(config, {})["measured_peak_bytes"];
+  const int64_t p8 = plan_json(config, {"train.accumulation_steps=4"})["measured_peak_bytes"];
+  ASSERT_LT(p8, p32);
+  const int64_t limit = static_cast<int64_t>((p8 + (p32 - p8) / 4) / 0.9);
+  Result planned = run_gpurun({config, "--ckpt", dir / "c", "--memory-limit",
+                               std::to_string(limit), "--set", "memory.strategy=accumulate"});
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  EXPECT_GT(events(dir / "c", "plan")[0]["accumulation_steps"].get<int64_t>(), 1);
+  EXPECT_EQ(learning_rates(dir / "c"), lr);
+}
+
+// Case 8: resuming loads state to host first; the peak while loading stays within a fresh
+// run's training peak plus a small margin.
+TEST(Cases, ResumePeakIsNoHigherThanAFreshRunsPeak) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  Result killed = run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.every_steps=5"},
+                             {{"GPURUN_FAULT", "sigkill:after_step:12"}});
+  ASSERT_EQ(killed.signal, 9) << killed.err;
+  Result resumed = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
+                               "checkpoint.every_steps=5"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto plan = events(dir / "ckpt", "plan");
+  const auto resume = events(dir / "ckpt", "resume");
+  ASSERT_EQ(resume.size(), 1u);
+  const int64_t fresh_peak = plan.front()["measured_peak_bytes"];
+  EXPECT_LE(resume[0]["peak_bytes"].get<int64_t>(), fresh_peak + (int64_t{256} << 10))
+      << "resume peak " << resume[0]["peak_bytes"] << " vs fresh " << fresh_peak;
+}
+
+// Case 9: memory that fits training micro-batch 8 but not eval batch 2048: only the eval batch
+// shrinks, and micro x accumulation x world stays the configured global batch.
+TEST(Cases, EvalOutOfMemoryShrinksOnlyTheEvalBatch) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir,
+      "model: {name: cnn, channels: [16]}\n"
+      "data: {name: idx, train_samples: 64, eval_samples: 2048}\n"
+      "train: {epochs: 1, batch_size: 8, eval_batch_size: 2048, threads: 1}\n");
+  const int64_t train_peak = plan_json(config, {"train.eval_batch_size=8"})["measured_peak_bytes"];
+  const std::string limit = std::to_string(train_peak * 3);
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", limit});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto plan = events(dir / "ckpt", "plan").at(0);
+  EXPECT_EQ(plan["micro_batch"], 8);
+  EXPECT_EQ(plan["accumulation_steps"], 1);
+  EXPECT_EQ(plan["global_batch"], 8);
+  EXPECT_LT(plan["eval_batch"].get<int64_t>(), 2048);
+  EXPECT_EQ(events(dir / "ckpt", "epoch").size(), 1u);
+}
+
+TEST(MemoryFit, NothingFitsExits2WithNeedCapacityAndACard) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", "64KiB"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("bytes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("65536"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("16 GB"), std::string::npos) << r.err;
+}
+
+TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  const nlohmann::json j = plan_json(config, {});
+  for (const char* key : {"measured_peak_bytes", "estimated_peak_bytes", "capacity_bytes",
+                          "micro_batch", "accumulation_steps", "activation_checkpointing",
+                          "global_batch", "eval_batch", "world_size", "breakdown", "cards",
+                          "eta_seconds"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  ASSERT_EQ(j["cards"].size(), 5u);
+  EXPECT_EQ(j["cards"][1]["fits"], "as configured");
+  const double measured = j["measured_peak_bytes"], estimated = j["estimated_peak_bytes"];
+  EXPECT_LT(std::abs(estimated - measured) / measured, 0.5) << j.dump();
+}
+
+}  // namespace
+}  // namespace gpurun::test
