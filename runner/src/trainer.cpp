@@ -328,7 +328,7 @@ class Trainer {
 
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position) {
-    if (lease_ && lease_->lost())
+    if (lease_ && (lease_->lost() || !lease_->still_ours()))
       throw ConfigError("another run took over " + options_.ckpt_dir +
                         " (lease.json); stopping without saving, so that two runs never "
                         "interleave checkpoints");

@@ -190,3 +190,64 @@ TEST(Supervisor, ConfigErrorIsNotRetried) {
 
 }  // namespace
 }  // namespace gpurun::test
+
+namespace gpurun::test {
+namespace {
+
+TEST(Lease, LiveHolderMakesASecondRunWaitThenExit2NamingIt) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 1));
+  // The holder is a real gpurun, slowed down so that it is alive for the whole test.
+  pid_t holder = start_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.lease_timeout=2"},
+                              dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
+  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt/lease.json"); ++i) sleep_for(0.01);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result second = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
+                              "checkpoint.lease_timeout=2"});
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(second.exit_code, 2) << second.err;
+  EXPECT_GE(waited, 1.9);
+  EXPECT_NE(second.err.find("pid " + std::to_string(holder)), std::string::npos) << second.err;
+  kill(holder, SIGKILL);
+  wait_gpurun(holder, dir / "holder");
+
+  // The holder is dead now (same host): its lease is taken over at once.
+  const auto t1 = std::chrono::steady_clock::now();
+  Result third = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
+                             "checkpoint.lease_timeout=30"});
+  EXPECT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
+}
+
+TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  std::filesystem::create_directories(dir / "ckpt");
+  // A lease from another machine whose heartbeat stopped 1000 s ago.
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ofstream(dir / "ckpt/lease.json")
+      << nlohmann::json{{"host", "reclaimed-spot-vm"}, {"pid", 4242}, {"started", now - 5000},
+                        {"heartbeat", now - 1000}, {"token", "old"}}.dump();
+  Result taken = run_gpurun({config, "--ckpt", dir / "ckpt"});
+  EXPECT_EQ(taken.exit_code, 0) << taken.err;
+
+  // A live holder saving every step; a new run forcibly takes the directory over and resumes.
+  const std::string longer = write_config(dir, small_config(600, 30, 1), "longer.yaml");
+  const Env slow{{"GPURUN_FAULT", "sleep300:after_step:*"}};
+  pid_t holder = start_gpurun({longer, "--ckpt", dir / "ckpt2", "--set", "checkpoint.every_steps=1"},
+                              dir / "holder", slow);
+  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt2/LATEST"); ++i) sleep_for(0.01);
+  Result forced = run_gpurun({longer, "--ckpt", dir / "ckpt2", "--resume", "--force", "--set",
+                              "checkpoint.every_steps=1"},
+                             slow);
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(forced.err.find("resuming from"), std::string::npos) << forced.err;
+  // The displaced holder notices at its next save and stops without writing (exit 2).
+  Result old = wait_gpurun(holder, dir / "holder");
+  EXPECT_EQ(old.exit_code, 2) << old.err;
+  EXPECT_NE(old.err.find("another run took over"), std::string::npos) << old.err;
+}
+
+}  // namespace
+}  // namespace gpurun::test
