@@ -137,6 +137,16 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets) {
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 void sleep_for(double seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }

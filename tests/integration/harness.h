@@ -65,6 +65,13 @@ std::vector<nlohmann::json> events(const std::string& run_dir, const std::string
 /// Reads a whole file ("" when missing).
 std::string slurp(const std::string& path);
 
+/// `args` followed by "--set S" for every S of `sets`.
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets);
+
+/// True when `text` contains `part`.
+bool contains(const std::string& text, const std::string& part);
+
 /// Sleeps `seconds`.
 void sleep_for(double seconds);
 

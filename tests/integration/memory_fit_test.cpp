@@ -9,12 +9,6 @@
 namespace gpurun::test {
 namespace {
 
-std::vector<std::string> with_sets(std::vector<std::string> args,
-                                   const std::vector<std::string>& sets) {
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  return args;
-}
-
 /// `gpurun plan --json` for `config` with `sets`.
 nlohmann::json plan_json(const std::string& config, const std::vector<std::string>& sets,
                          const std::string& limit = "") {

@@ -19,16 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::vector<std::string> with_sets(std::vector<std::string> args,
-                                   const std::vector<std::string>& sets) {
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  return args;
-}
-
 bool has_temporaries(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
