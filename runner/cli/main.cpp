@@ -2,6 +2,7 @@
 #include <exception>
 #include <iostream>
 
+#include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
 #include "builtin.h"
@@ -21,10 +22,13 @@ int main(int argc, char** argv) {
     return gpurun::run_command(command, registry, std::cout);
   } catch (const std::exception& e) {
     const int code = gpurun::exit_code_for(e);
+    // LibTorch's errors carry a C++ backtrace that means nothing to a user.
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+    const char* message = torch_error ? torch_error->what_without_backtrace() : e.what();
     if (code == gpurun::kExitSignal)
-      spdlog::warn("{}", e.what());
+      spdlog::warn("{}", message);
     else
-      spdlog::error("{}", e.what());
+      spdlog::error("{}", message);
     return code;
   }
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -75,7 +76,10 @@ cxxopts::Options make_options() {
 /// The supervised worker's command line: ours without --max-restarts/--hang-timeout, with
 /// --resume (a restart continues from the last checkpoint), argv[0] this very binary.
 std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
-  std::vector<std::string> out{"/proc/self/exe"};
+  // The resolved path of this binary, so that `ps` and `pgrep -f gpurun` show the workers.
+  std::error_code ec;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::vector<std::string> out{ec ? std::string("/proc/self/exe") : self};
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -128,7 +132,10 @@ Command parse_command_line(int argc, const char* const argv[]) {
     return cmd;
   }
   if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
-  if (r.count("memory-limit")) cmd.run.memory_limit = parse_size(r["memory-limit"].as<std::string>());
+  if (r.count("memory-limit")) {
+    cmd.run.memory_limit = parse_size(r["memory-limit"].as<std::string>());
+    if (cmd.run.memory_limit <= 0) usage_error("--memory-limit must be a positive SIZE");
+  }
   cmd.run.device = r["device"].as<std::string>();
   if (first == "plan") {
     if (args.size() != 2) usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");

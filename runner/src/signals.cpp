@@ -29,7 +29,10 @@ void install_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a signal must not make a checkpoint write fail with EINTR
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) sigaction(sig, &sa, nullptr);
+  // SIGHUP: a closed terminal or ssh session is the most common accidental stop.
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // A closed pipe on stdout/stderr (`gpurun ... | head`) must not kill a run mid-save.
+  signal(SIGPIPE, SIG_IGN);
 }
 
 int stop_signal() noexcept { return g_signal.load(); }

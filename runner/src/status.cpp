@@ -2,7 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -116,13 +119,26 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
   if (s.is_discarded()) throw Error(run_dir + "/status.json is not valid JSON");
   const double age = unix_seconds() - s.value("updated", 0.0);
   s["seconds_since_update"] = age;
+  // A run killed outright (SIGKILL, OOM killer, power) never wrote its last state.
+  if (s.value("state", "") == "running" && s.value("host", "") == host_name() &&
+      s.contains("pid") && kill(static_cast<pid_t>(s["pid"].get<int64_t>()), 0) != 0 &&
+      errno == ESRCH)
+    s["state"] = "dead";
   if (json) {
     out << s.dump() << "\n";
     return kExitOk;
   }
-  auto get = [&](const char* key) { return s.contains(key) ? s[key].dump() : std::string("-"); };
+  auto get = [&](const char* key) {
+    if (!s.contains(key)) return std::string("-");
+    if (!s[key].is_number_float()) return s[key].dump();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", s[key].get<double>());
+    return std::string(buf);
+  };
   out << "run dir         " << run_dir << "\n"
-      << "state           " << s.value("state", "?") << " (updated " << format_duration(age)
+      << "state           " << s.value("state", "?")
+      << (s.value("state", "") == "dead" ? " (its process is gone: run again with --resume)" : "")
+      << " (updated " << format_duration(age)
       << " ago, pid " << get("pid") << " on " << s.value("host", "?") << ")\n"
       << "epoch           " << get("epoch") << " of " << get("epochs") << "\n"
       << "step            " << get("global_step") << " of " << get("total_steps") << "\n"

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -84,6 +85,7 @@ class Trainer {
       steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
       total_steps_ = steps_per_epoch_ * config_.train.epochs;
       resume_or_start();
+      started_ = true;
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
                         {"total_steps", total_steps_},
@@ -100,6 +102,9 @@ class Trainer {
       reporter_.end_progress();
       const int code = exit_code_for(e);
       reporter_.event("done", {{"exit_code", code}, {"error", e.what()}});
+      // A run refused before it started (directory held, config changed) leaves the status of
+      // the run that owns the directory as it was.
+      if (!started_) throw;
       reporter_.status({{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}},
                        true);
       throw;
@@ -185,6 +190,7 @@ class Trainer {
     position_ = meta.position_in_epoch;
     last_saved_step_ = global_step_;
     last_checkpoint_ = loaded->info.path;
+    reporter_.status({{"last_checkpoint", last_checkpoint_}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
     reporter_.event("resume", {{"path", loaded->info.path},
@@ -433,6 +439,7 @@ class Trainer {
   std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
   int64_t failed_saves_ = 0;
   bool warned_grace_ = false;
+  bool started_ = false;  ///< past the lease, directory and resume checks
   int64_t last_saved_step_ = 0;  // step 0 needs no checkpoint: resuming from none is fresh
   double lr_ = 0;
   std::string last_checkpoint_;
@@ -446,6 +453,11 @@ class Trainer {
 
 void train(const RunConfig& config, const RunOptions& options, const Registry& registry) {
   if (options.ckpt_dir.empty()) throw ConfigError("--ckpt DIR is required to train");
+  for (const std::string& dir : {options.ckpt_dir, options.run_dir}) {
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+      throw ConfigError(dir + " exists and is not a directory");
+  }
   Trainer(config, options, registry).run();
 }
 

@@ -1,5 +1,6 @@
 // Stop requests by signal: SIGTERM (spot reclaim, `kill`), SIGINT (Ctrl-C), SIGUSR1 (Slurm's
-// --signal=USR1@120 before the time limit), SIGUSR2.
+// --signal=USR1@120 before the time limit), SIGUSR2, SIGHUP (a closed terminal or ssh
+// session). SIGPIPE is ignored, so that a closed output pipe cannot kill a run mid-save.
 //
 // The handlers only record the signal; the trainer polls stop_signal() at every step boundary,
 // writes a checkpoint and exits 75 (kExitSignal). A second SIGINT exits 75 at once, without
