@@ -176,3 +176,28 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
 
 }  // namespace
 }  // namespace gpurun::test
+
+namespace gpurun::test {
+namespace {
+
+// The probe leaves no trace: weights, buffers, RNG (dropout) and data order are restored, so
+// the number of probe steps cannot change the trained weights.
+TEST(MemoryFit, ProbingDoesNotChangeTraining) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir,
+      "model: {name: cnn, channels: [8], dropout: 0.5, batch_norm: true}\n"
+      "data: {name: idx, train_samples: 256, eval_samples: 100}\n"
+      "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n");
+  std::vector<std::string> digests;
+  for (const char* steps : {"memory.probe_steps=1", "memory.probe_steps=5"}) {
+    const std::string ckpt = dir / (std::string("run-") + steps[19]);
+    Result r = run_gpurun({config, "--ckpt", ckpt, "--set", steps});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    digests.push_back(inspect(ckpt)["model_digest"]);
+  }
+  EXPECT_EQ(digests[0], digests[1]);
+}
+
+}  // namespace
+}  // namespace gpurun::test
