@@ -158,7 +158,9 @@ TEST(Storage, ReadOnlyTargetIsAClearErrorAndTrainingGoesOnUntilMaxFailures) {
 TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 2));
-  const std::vector<std::string> sets{"checkpoint.every_steps=4"};
+  // Synchronous saves, so that the step-4 checkpoint is complete when step 7 crashes and
+  // each restart resumes from it (with background writes it may still be in flight).
+  const std::vector<std::string> sets{"checkpoint.every_steps=4", "checkpoint.async=false"};
   Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets));
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
   // The fault fires in the first run and in the first restart; the second restart runs clean.
@@ -166,6 +168,7 @@ TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
                         {{"GPURUN_FAULT", "abort:after_step:7"}, {"GPURUN_FAULT_RESTART", "0,1"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
+  EXPECT_EQ(events(dir / "ckpt", "plan").size(), 3u);  // three runs of the worker
   EXPECT_EQ(events(dir / "ckpt", "resume").size(), 2u);
   EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
 }
