@@ -77,7 +77,6 @@ class Trainer {
       take_lease();
       check_directory();
       plan_ = make_plan(config_, session_, /*world_size=*/1, saved_plan());
-      reporter_.event("plan", plan_.to_json());
       log_plan();
       params_ = model_->parameters();
       optimizer_ = make_optimizer(config_.optim, params_);
@@ -86,6 +85,7 @@ class Trainer {
       total_steps_ = steps_per_epoch_ * config_.train.epochs;
       resume_or_start();
       started_ = true;
+      reporter_.event("plan", plan_.to_json());
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
                         {"total_steps", total_steps_},
@@ -100,11 +100,11 @@ class Trainer {
       reporter_.status({{"state", "finished"}, {"eta_seconds", 0}}, true);
     } catch (const std::exception& e) {
       reporter_.end_progress();
+      // A run refused before it started (directory held, config changed) leaves the metrics
+      // and status of the run that owns the directory as they were.
+      if (!started_) throw;
       const int code = exit_code_for(e);
       reporter_.event("done", {{"exit_code", code}, {"error", e.what()}});
-      // A run refused before it started (directory held, config changed) leaves the status of
-      // the run that owns the directory as it was.
-      if (!started_) throw;
       reporter_.status({{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}},
                        true);
       throw;
