@@ -29,8 +29,7 @@ int64_t step_of(const std::string& trace_line) { return std::stoll(trace_line); 
 std::string uninterrupted_digest(const std::string& config, const std::vector<std::string>& sets,
                                  const std::string& trace = "") {
   TempDir ckpt;
-  std::vector<std::string> args{config, "--ckpt", ckpt.path()};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt.path()}, sets);
   Env env;
   if (!trace.empty()) env["GPURUN_TRACE_SAMPLES"] = trace;
   Result r = run_gpurun(args, env);
@@ -48,8 +47,7 @@ TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
   std::mt19937 rng(20261129);
   std::uniform_real_distribution<double> delay(0.4, 3.0);
   const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   int kills = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     pid_t pid = start_gpurun(args, dir / "run");
@@ -75,8 +73,7 @@ TEST(KillResume, SigkillDuringCheckpointWriteKeepsThePreviousOne) {
                                       "optim.name=adam"};
   const std::string expected = uninterrupted_digest(config, sets);
   const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   int killed_in_write = 0;
   for (int attempt = 0; attempt < 20; ++attempt) {
     pid_t pid = start_gpurun(args, dir / "run");
@@ -181,8 +178,7 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   const std::vector<std::string> sets{"model.hidden=[2048,1024]", "checkpoint.every_steps=1",
                                       "optim.name=adam"};
   const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args{config, "--ckpt", ckpt, "--resume"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> delay(0.8, 2.5);
   int64_t last_step = 0;
