@@ -151,4 +151,21 @@ void sleep_for(double seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
+bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
+                             double timeout_seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string latest = slurp(ckpt_dir + "/LATEST");
+    if (!latest.empty() && latest != before) return true;
+    // WNOWAIT leaves the exit status for wait_gpurun.
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid != 0)
+      return false;
+    sleep_for(0.005);
+  }
+  return false;
+}
+
 }  // namespace gpurun::test

@@ -45,13 +45,14 @@ TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
   ASSERT_EQ(expected.size(), 16u);
 
   std::mt19937 rng(20261129);
-  std::uniform_real_distribution<double> delay(0.4, 3.0);
+  std::uniform_real_distribution<double> delay(0.0, 0.3);
   const std::string ckpt = dir / "ckpt";
   const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   int kills = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
     pid_t pid = start_gpurun(args, dir / "run");
-    if (kills < 5) {
+    if (kills < 5 && wait_for_new_checkpoint(ckpt, pid, before)) {
       sleep_for(delay(rng));
       kill(pid, SIGKILL);
     }
@@ -180,12 +181,13 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   const std::string ckpt = dir / "ckpt";
   const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> delay(0.8, 2.5);
+  std::uniform_real_distribution<double> delay(0.0, 0.5);
   int64_t last_step = 0;
   int kills = 0;
   for (int attempt = 0; attempt < 12 && kills < 8; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
     pid_t pid = start_gpurun(args, dir / "run");
-    sleep_for(delay(rng));
+    if (wait_for_new_checkpoint(ckpt, pid, before)) sleep_for(delay(rng));
     kill(pid, SIGKILL);
     Result r = wait_gpurun(pid, dir / "run");
     if (r.exit_code == 0) break;

@@ -68,11 +68,12 @@ TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
 
   const std::string ckpt = dir / "ckpt";
   std::mt19937 rng(75);
-  std::uniform_real_distribution<double> delay(0.5, 2.5);
+  std::uniform_real_distribution<double> delay(0.0, 0.4);
   int stopped = 0;
   for (int attempt = 0; attempt < 10; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
     pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), dir / "run");
-    if (stopped < 3) {
+    if (stopped < 3 && wait_for_new_checkpoint(ckpt, pid, before)) {
       sleep_for(delay(rng));
       kill(pid, SIGTERM);
     }
