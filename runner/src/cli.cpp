@@ -31,6 +31,8 @@ const char* const kDescription =
 
 const char* const kUsage =
     "[run] CONFIG.yaml --ckpt DIR [--resume] [--set KEY=VALUE]... [options]\n"
+    "  gpurun [run] CONFIG.yaml --ckpt DIR --nproc-per-node N [--nnodes N --node-rank R\n"
+    "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR [--json]";
@@ -58,6 +60,12 @@ cxxopts::Options make_options() {
     ("max-restarts", "run training in a child process and restart it with --resume after a crash, at most N times", cxxopts::value<int>()->default_value("0"), "N")
     ("hang-timeout", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", cxxopts::value<double>()->default_value("0"), "SECONDS")
     ("memory-limit", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator", cxxopts::value<std::string>(), "SIZE");
+  options.add_options("Distributed (DDP; under Slurm these come from SLURM_*)")
+    ("nproc-per-node", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", cxxopts::value<int>(), "N")
+    ("nnodes", "nodes in the job", cxxopts::value<int>(), "N")
+    ("node-rank", "this node's index, 0..nnodes-1", cxxopts::value<int>(), "R")
+    ("master-addr", "host of rank 0 (the rendezvous store)", cxxopts::value<std::string>(), "HOST")
+    ("master-port", "TCP port of the rendezvous store", cxxopts::value<int>(), "PORT");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
     ("h,help", "show this help")
@@ -73,26 +81,87 @@ cxxopts::Options make_options() {
   throw ConfigError(message + "\n(see gpurun --help)");
 }
 
-/// The supervised worker's command line: ours without --max-restarts/--hang-timeout, with
-/// --resume (a restart continues from the last checkpoint), argv[0] this very binary.
+/// Options of the launcher, not of its workers (each takes a value).
+const char* const kLauncherOptions[] = {"--max-restarts", "--hang-timeout", "--nproc-per-node",
+                                        "--nnodes",       "--node-rank",    "--master-addr",
+                                        "--master-port"};
+
+bool is_launcher_option(const std::string& a, bool* takes_next) {
+  for (const char* option : kLauncherOptions) {
+    const std::string o = option;
+    if (a == o) {
+      *takes_next = true;
+      return true;
+    }
+    if (a.rfind(o + "=", 0) == 0) {
+      *takes_next = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// The supervised worker's command line: ours without the launcher's options, argv[0] this
+/// very binary. A restarted worker resumes on its own (GPURUN_RESTART_COUNT > 0), so that the
+/// first run still refuses a directory that holds checkpoints when --resume is not given.
 std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
   // The resolved path of this binary, so that `ps` and `pgrep -f gpurun` show the workers.
   std::error_code ec;
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   std::vector<std::string> out{ec ? std::string("/proc/self/exe") : self};
-  bool resume = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--max-restarts" || a == "--hang-timeout") {
-      ++i;
+    bool takes_next = false;
+    if (is_launcher_option(a, &takes_next)) {
+      i += takes_next ? 1 : 0;
       continue;
     }
-    if (a.rfind("--max-restarts=", 0) == 0 || a.rfind("--hang-timeout=", 0) == 0) continue;
-    resume = resume || a == "--resume";
     out.push_back(a);
   }
-  if (!resume) out.push_back("--resume");
   return out;
+}
+
+/// `gpurun run`: a worker of a distributed job (WORLD_SIZE set by our launcher, torchrun or
+/// Slurm), the launcher of this node's workers (several ranks, or restarts asked for), or a
+/// single process.
+int run_training(const Command& cmd, const Registry& registry) {
+  RunConfig config = load_config(cmd.config_path, cmd.overrides);
+  Environment env = current_environment();
+  if (slurm_runs_workers(env))
+    for (const auto& [key, value] : worker_env_from_slurm(env)) env[key] = value;
+  RunOptions run = cmd.run;
+  run.dist = worker_env(env);
+  const std::string run_dir = run.run_dir.empty() ? run.ckpt_dir : run.run_dir;
+  if (!run.dist) {
+    const LaunchSpec spec = resolve_launch(cmd.launch, env);
+    const int world = spec.nnodes * spec.nproc_per_node;
+    if (world > 1 || cmd.max_restarts > 0 || cmd.hang_timeout > 0) {
+      SupervisorOptions s;
+      // The workers re-read the config; an error in it surfaced above, unretried.
+      s.argv = cmd.child_argv;
+      s.max_restarts = cmd.max_restarts;
+      s.hang_timeout = cmd.hang_timeout;
+      const int first_rank = spec.node_rank * spec.nproc_per_node;
+      s.progress_file = heartbeat_path(run_dir, first_rank);
+      if (isatty(STDERR_FILENO)) s.env["GPURUN_STDERR_TTY"] = "1";
+      if (world > 1) {
+        spdlog::info("launching ranks {}..{} of {} on node {} of {}; rendezvous at {}:{}",
+                     first_rank, first_rank + spec.nproc_per_node - 1, world, spec.node_rank,
+                     spec.nnodes, spec.master_addr, spec.master_port);
+        for (int i = 0; i < spec.nproc_per_node; ++i)
+          s.workers.push_back({worker_variables(spec, i), "rank " + std::to_string(first_rank + i),
+                               heartbeat_path(run_dir, first_rank + i)});
+      }
+      return supervise(s);
+    }
+  } else if (cmd.launch.nproc_per_node || cmd.launch.nnodes) {
+    spdlog::warn("WORLD_SIZE is set, so this process is one worker (rank {} of {}); "
+                 "--nproc-per-node and --nnodes are ignored",
+                 run.dist->rank, run.dist->world_size);
+  }
+  if (!run.dist || run.dist->rank == 0) spdlog::info("{}", format_resolved(config));
+  train(config, run, registry);
+  return kExitOk;
 }
 
 }  // namespace
@@ -100,7 +169,7 @@ std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
 Command parse_command_line(int argc, const char* const argv[]) {
   cxxopts::Options options = make_options();
   Command cmd;
-  cmd.help = options.help({"Run", "Output"}) + kFooter;
+  cmd.help = options.help({"Run", "Distributed (DDP; under Slurm these come from SLURM_*)", "Output"}) + kFooter;
   cxxopts::ParseResult r;
   try {
     r = options.parse(argc, argv);
@@ -157,9 +226,16 @@ Command parse_command_line(int argc, const char* const argv[]) {
   cmd.hang_timeout = r["hang-timeout"].as<double>();
   if (cmd.max_restarts < 0) usage_error("--max-restarts must be >= 0");
   if (cmd.hang_timeout < 0) usage_error("--hang-timeout must be >= 0");
-  if (cmd.max_restarts > 0 || cmd.hang_timeout > 0) cmd.child_argv = worker_argv(argc, argv);
+  if (r.count("nproc-per-node")) cmd.launch.nproc_per_node = r["nproc-per-node"].as<int>();
+  if (r.count("nnodes")) cmd.launch.nnodes = r["nnodes"].as<int>();
+  if (r.count("node-rank")) cmd.launch.node_rank = r["node-rank"].as<int>();
+  if (r.count("master-addr")) cmd.launch.master_addr = r["master-addr"].as<std::string>();
+  if (r.count("master-port")) cmd.launch.master_port = r["master-port"].as<int>();
+  cmd.child_argv = worker_argv(argc, argv);
   if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
     cmd.run.restart_count = std::atoll(restarts);
+  // A restarted worker continues from the last checkpoint.
+  if (cmd.run.restart_count > 0) cmd.run.resume = true;
   return cmd;
 }
 
@@ -178,22 +254,8 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
     case Command::Kind::kPlan:
       return plan_command(load_config(cmd.config_path, cmd.overrides), cmd.run.device,
                           cmd.run.memory_limit, cmd.json, registry, out);
-    case Command::Kind::kRun: {
-      RunConfig config = load_config(cmd.config_path, cmd.overrides);
-      if (!cmd.child_argv.empty()) {
-        SupervisorOptions s;
-        s.argv = cmd.child_argv;
-        // The worker re-reads the config; an error in it surfaces here first, unretried.
-        s.max_restarts = cmd.max_restarts;
-        s.hang_timeout = cmd.hang_timeout;
-        s.progress_file = (cmd.run.run_dir.empty() ? cmd.run.ckpt_dir : cmd.run.run_dir) + "/heartbeat";
-        if (isatty(STDERR_FILENO)) s.env["GPURUN_STDERR_TTY"] = "1";
-        return supervise(s);
-      }
-      spdlog::info("{}", format_resolved(config));
-      train(config, cmd.run, registry);
-      return kExitOk;
-    }
+    case Command::Kind::kRun:
+      return run_training(cmd, registry);
   }
   return kExitFailure;
 }

@@ -130,6 +130,7 @@ const std::vector<Key>& schema() {
      "how to fit: auto | accumulate | checkpoint | none", kNotHashed},
     {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
     {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
+    {GPURUN_KEY(distributed, timeout), above(0), "seconds a rendezvous or collective may wait", kNotHashed},
   };
   return kSchema;
 }

@@ -18,10 +18,11 @@
 
 namespace gpurun {
 
-c10::Device resolve_device(const std::string& name) {
+c10::Device resolve_device(const std::string& name, int local_rank) {
   if (name == "cpu") return c10::kCPU;
   if (name == "cuda" || name == "auto") {
-    if (torch::cuda::is_available()) return c10::kCUDA;
+    if (torch::cuda::is_available())
+      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
     if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
     return c10::kCPU;
   }
@@ -35,9 +36,9 @@ int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
 }
 
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                     const Registry& registry) {
+                     const Registry& registry, int local_rank) {
   Session s;
-  s.device = resolve_device(device);
+  s.device = resolve_device(device, local_rank);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
@@ -95,7 +96,7 @@ bool has_batch_norm(const torch::nn::Module& model) {
 }  // namespace
 
 MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
-                     const std::optional<MemoryPlan>& saved) {
+                     const std::optional<MemoryPlan>& saved, const PlanAgreement& agree) {
   const PlanRequest request = plan_request(config, session, world_size);
   if (config.train.batch_size % world_size != 0 ||
       request.micro_batch * config.train.accumulation_steps * world_size != config.train.batch_size)
@@ -104,9 +105,12 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
                       std::to_string(config.train.accumulation_steps) + " x " +
                       std::to_string(world_size) + ")");
   MemoryPlan plan;
-  if (saved && saved->capacity_bytes == request.capacity_bytes &&
-      saved->global_batch == request.global_batch && saved->world_size == world_size &&
-      saved->micro_batch > 0) {
+  bool reuse = saved && saved->capacity_bytes == request.capacity_bytes &&
+               saved->global_batch == request.global_batch && saved->world_size == world_size &&
+               saved->micro_batch > 0;
+  if (agree.any) reuse = !agree.any(!reuse);
+  const auto agreed = [&](Probe p) { return agree.probe ? agree.probe(p) : p; };
+  if (reuse) {
     plan = *saved;
     spdlog::info("reusing the checkpoint's memory plan: micro-batch {} x accumulation {}{}",
                  plan.micro_batch, plan.accumulation_steps,
@@ -115,11 +119,14 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
     if (saved && saved->capacity_bytes != request.capacity_bytes)
       spdlog::warn("device capacity changed ({} -> {}): planning again, global batch kept",
                    format_bytes(saved->capacity_bytes), format_bytes(request.capacity_bytes));
+    if (saved && saved->world_size != world_size)
+      spdlog::info("world size changed ({} -> {}): planning again, global batch {} kept",
+                   saved->world_size, world_size, request.global_batch);
     Prober prober(*session.model, session.data, config.optim, *session.meter,
                   config.memory.probe_steps, session.device);
     plan = choose_plan(
-        request, [&](int64_t m, bool c) { return prober.train(m, c); },
-        [&](int64_t b, const MemoryPlan& p) { return prober.eval(b, p); });
+        request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
+        [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); });
   }
   plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
   plan.capacity_bytes = request.capacity_bytes;

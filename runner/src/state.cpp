@@ -46,8 +46,26 @@ std::string cpu_capability() {
   return config.substr(pos + key.size(), end - pos - key.size());
 }
 
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+namespace {
+std::string rng_key(int rank) {
+  return rank == 0 ? "cpu_rng_state" : "cpu_rng_state.rank" + std::to_string(rank);
+}
+}  // namespace
+
 CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                 CheckpointMeta meta) {
+                                 CheckpointMeta meta, const std::vector<at::Tensor>& rank_rng_states) {
   NamedTensors weights;
   for (const auto& [name, tensor] : state_dict(model))
     weights.emplace_back(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
@@ -57,12 +75,9 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::O
     optimizer.save(archive);
     archive.save_to(optim);
   }
-  at::Tensor rng;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
+  NamedTensors trainer{{rng_key(0), cpu_rng_state()}};
+  for (size_t r = 0; r < rank_rng_states.size(); ++r)
+    trainer.emplace_back(rng_key(static_cast<int>(r) + 1), rank_rng_states[r]);
   meta.model_digest = model_digest(model);
   meta.threads = at::get_num_threads();
   meta.cpu_capability = cpu_capability();
@@ -70,12 +85,12 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::O
   snapshot.meta = std::move(meta);
   snapshot.files.emplace_back("model.pt", pickle_tensors(weights));
   snapshot.files.emplace_back("optim.pt", optim.str());
-  snapshot.files.emplace_back("trainer.pt", pickle_tensors({{"cpu_rng_state", rng}}));
+  snapshot.files.emplace_back("trainer.pt", pickle_tensors(trainer));
   return snapshot;
 }
 
-void restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
-                   torch::optim::Optimizer& optimizer) {
+bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
+                   torch::optim::Optimizer& optimizer, int rank) {
   const std::string& where = checkpoint.info.path;
   NamedTensors saved = unpickle_tensors(checkpoint.file("model.pt"), where + "/model.pt");
   std::map<std::string, at::Tensor> by_name(saved.begin(), saved.end());
@@ -100,11 +115,11 @@ void restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
   }
   for (const auto& [name, tensor] :
        unpickle_tensors(checkpoint.file("trainer.pt"), where + "/trainer.pt")) {
-    if (name != "cpu_rng_state") continue;
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(tensor);
+    if (name != rng_key(rank)) continue;
+    set_cpu_rng_state(tensor);
+    return true;
   }
+  return false;
 }
 
 }  // namespace gpurun

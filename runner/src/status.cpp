@@ -31,12 +31,13 @@ std::string host_name() {
 }
 }  // namespace
 
-Reporter::Reporter(std::string run_dir, bool enabled)
+Reporter::Reporter(std::string run_dir, bool enabled, int rank)
     : run_dir_(std::move(run_dir)),
       enabled_(enabled),
+      heartbeat_path_(heartbeat_path(run_dir_, rank)),
       // Under the supervisor stderr is a pipe to a terminal the supervisor holds.
       tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr) {
-  if (enabled_) fs::make_dirs(run_dir_);
+  fs::make_dirs(run_dir_);
   status_["pid"] = static_cast<int64_t>(getpid());
   status_["host"] = host_name();
 }
@@ -78,15 +79,38 @@ void Reporter::progress(const std::string& line, bool force) {
   std::fflush(stderr);
 }
 
-void Reporter::heartbeat() {
+void Reporter::heartbeat(int64_t global_step) {
   auto now = std::chrono::steady_clock::now();
   if (now - last_heartbeat_ < std::chrono::seconds(1)) return;
   last_heartbeat_ = now;
-  const std::string path = run_dir_ + "/heartbeat";
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
+  // read_heartbeat_step() reports as -1.
+  const std::string text = "step " + std::to_string(global_step) + "\n";
+  int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd >= 0) {
+    const ssize_t ignored = ::write(fd, text.data(), text.size());
+    (void)ignored;
     ::futimens(fd, nullptr);
     ::close(fd);
+  }
+}
+
+std::string heartbeat_path(const std::string& run_dir, int rank) {
+  return run_dir + (rank == 0 ? "/heartbeat" : "/heartbeat-rank-" + std::to_string(rank));
+}
+
+int64_t read_heartbeat_step(const std::string& path) {
+  std::string text;
+  try {
+    text = fs::read_file(path);
+  } catch (const std::exception&) {
+    return -1;
+  }
+  if (text.rfind("step ", 0) != 0) return -1;
+  try {
+    return std::stoll(text.substr(5));
+  } catch (const std::exception&) {
+    return -1;
   }
 }
 

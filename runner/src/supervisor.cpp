@@ -27,6 +27,7 @@
 
 #include "gpurun/errors.h"
 #include "gpurun/signals.h"
+#include "gpurun/status.h"
 
 extern char** environ;
 
@@ -75,7 +76,8 @@ std::string indent_lines(std::string lines) {
 /// last kKeptLines lines ('\r' ends a line too, so in-place progress lines stay short).
 class StderrTap {
  public:
-  explicit StderrTap(int fd) : fd_(fd), thread_([this] { read_loop(); }) {}
+  /// `echo`: copy what comes to our stderr (the first worker only; the others log to files).
+  StderrTap(int fd, bool echo) : fd_(fd), echo_(echo), thread_([this] { read_loop(); }) {}
   ~StderrTap() { finish(); }
 
   /// Call once the child is reaped: reads what is left, stopping at EOF, when the pipe stays
@@ -111,7 +113,7 @@ class StderrTap {
       const ssize_t n = ::read(fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return;  // EOF: every writer is gone
-      write_all(STDERR_FILENO, buf, static_cast<size_t>(n));
+      if (echo_) write_all(STDERR_FILENO, buf, static_cast<size_t>(n));
       for (ssize_t i = 0; i < n; ++i) {
         if (buf[i] == '\n' || buf[i] == '\r') {
           if (!partial_.empty()) push_line();
@@ -129,6 +131,7 @@ class StderrTap {
   }
 
   int fd_;
+  bool echo_;
   std::atomic<bool> child_gone_{false};
   std::deque<std::string> lines_;  // touched by the thread only, read after join
   std::string partial_;
@@ -143,8 +146,7 @@ HeartbeatKey heartbeat_key(const std::string& path) {
   return {true, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_size};
 }
 
-std::vector<std::string> child_environment(const SupervisorOptions& o, int restart) {
-  std::map<std::string, std::string> extra = o.env;
+std::vector<std::string> child_environment(std::map<std::string, std::string> extra, int restart) {
   extra["GPURUN_RESTART_COUNT"] = std::to_string(restart);
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -226,7 +228,16 @@ struct Attempt {
   int forwarded = 0;        // the stop signal we received and forwarded, 0 when none
   bool progressed = false;  // the heartbeat changed during the run
   int exec_errno = 0;       // execve failed: nothing ran
+  bool hung = false;        // killed by the watchdog
+  double stalled_seconds = 0;
 };
+
+/// "rank 1 killed by signal 9 (SIGKILL) at step 412", "worker exited with code 1".
+std::string cause(const WorkerExit& e) {
+  std::string out = (e.name.empty() ? "worker" : e.name) + " " + describe(e);
+  if (e.step >= 0) out += " at step " + std::to_string(e.step);
+  return out;
+}
 
 class Supervisor {
  public:
@@ -251,28 +262,28 @@ class Supervisor {
       if (options_.on_worker_exit) options_.on_worker_exit(e);
       if (!should_restart(e)) return final_code(e);
       if (a.forwarded != 0 || stop_signal() != 0) {
-        spdlog::warn("worker {} after a stop signal; not restarting it", describe(e));
+        spdlog::warn("{} after a stop signal; not restarting", cause(e));
         return e.signal != 0 ? kExitSignal : e.exit_code;  // a signal ends in 75, never 143
       }
       history += fmt::format("{}run {}: {} after {} s", history.empty() ? "" : "; ", restart,
-                             describe(e), format_seconds(e.seconds));
+                             cause(e), format_seconds(e.seconds));
       const std::string hint = e.signal == SIGKILL && !e.hung
                                    ? " (a SIGKILL nobody asked for is often the kernel's OOM "
                                      "killer: see dmesg)"
                                    : "";
       if (restart >= options_.max_restarts) {
         spdlog::error(
-            "worker {}{} at restart {}/{}; no restarts left, giving up ({}); last lines "
+            "{}{} at restart {}/{}; no restarts left, giving up ({}); last lines "
             "of its stderr:{}",
-            describe(e), hint, restart, options_.max_restarts, history, indent_lines(e.last_lines));
+            cause(e), hint, restart, options_.max_restarts, history, indent_lines(e.last_lines));
         return kExitFailure;
       }
       failures_without_progress = a.progressed ? 1 : failures_without_progress + 1;
       const double delay =
           std::min(options_.backoff_max,
                    options_.backoff_initial * std::pow(2.0, failures_without_progress - 1));
-      spdlog::warn("worker {}{} at restart {}/{}; restarting in {} s; last lines of its stderr:{}",
-                   describe(e), hint, restart, options_.max_restarts, format_seconds(delay),
+      spdlog::warn("{}{} at restart {}/{}; restarting in {} s; last lines of its stderr:{}",
+                   cause(e), hint, restart, options_.max_restarts, format_seconds(delay),
                    indent_lines(e.last_lines));
       if (!sleep_unless_stopped(delay)) {
         spdlog::warn("{} received during the backoff; not restarting the worker",
@@ -287,10 +298,10 @@ class Supervisor {
   /// The code for an exit that is not retried (0, 2, 3, 75), logged with its meaning.
   static int final_code(const WorkerExit& e) {
     if (e.exit_code == kExitUsage || e.exit_code == kExitNoResume) {
-      spdlog::error("worker {} ({}); not retried", describe(e),
+      spdlog::error("{} ({}); not retried", cause(e),
                     e.exit_code == kExitUsage ? "usage or config error" : "cannot resume");
     } else if (e.exit_code == kExitSignal) {
-      spdlog::warn("worker {} (stopped by a signal); not restarting it", describe(e));
+      spdlog::warn("{} (stopped by a signal); not restarting", cause(e));
     }
     return e.exit_code;
   }
@@ -301,40 +312,107 @@ class Supervisor {
     state_ = to;
   }
 
+  /// One running worker of the group.
+  struct Running {
+    Child child;
+    std::unique_ptr<StderrTap> tap;
+    bool done = false;
+    WorkerExit exit;
+  };
+
+  std::vector<SupervisorOptions::Worker> group() const {
+    if (!options_.workers.empty()) return options_.workers;
+    return {SupervisorOptions::Worker{{}, "worker", ""}};
+  }
+
+  /// Among workers that ended in the same poll, the likeliest root cause: a death by a signal
+  /// before an exit code other than 1 before exit 1 (a peer's death makes the others' collectives
+  /// fail with 1), then the lowest rank.
+  static int severity(const WorkerExit& e) {
+    if (e.signal != 0) return 3;
+    if (e.exit_code != kExitFailure) return 2;
+    return 1;
+  }
+
   Attempt run_once(int restart) {
     Attempt a;
     state_ = WorkerState::kStarting;
     std::string command;
     for (const std::string& arg : options_.argv) command += (command.empty() ? "" : " ") + arg;
-    spdlog::info("worker: starting (restart {}/{}): {}", restart, options_.max_restarts, command);
+    const std::vector<SupervisorOptions::Worker> workers = group();
+    spdlog::info("{}: starting (restart {}/{}): {}",
+                 workers.size() > 1 ? fmt::format("{} workers", workers.size()) : "worker",
+                 restart, options_.max_restarts, command);
     // Progress is a change of the heartbeat seen during this run, timed by our steady clock: a
     // file left by an earlier run does not count, and neither does a file server's clock.
     HeartbeatKey beat = heartbeat_key(options_.progress_file);
     const auto start = Clock::now();
     auto last_progress = start;
-    const Child child = spawn(options_.argv, child_environment(options_, restart));
-    StderrTap tap(child.stderr_fd);
-    int status = 0;
-    if (child.exec_errno != 0) {
-      while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      a.exec_errno = child.exec_errno;
-      set_state(WorkerState::kFailed, child.pid, ": execve failed");
-      return a;
+    std::vector<Running> running(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) {
+      std::map<std::string, std::string> extra = options_.env;
+      for (const auto& [k, v] : workers[i].env) extra[k] = v;
+      running[i].child = spawn(options_.argv, child_environment(extra, restart));
+      running[i].tap = std::make_unique<StderrTap>(running[i].child.stderr_fd, i == 0);
+      running[i].exit.name = workers[i].name;
+      if (running[i].child.exec_errno != 0) a.exec_errno = running[i].child.exec_errno;
     }
-    set_state(WorkerState::kRunning, child.pid, "");
-    while (true) {
-      const pid_t r = ::waitpid(child.pid, &status, WNOHANG);
-      if (r == child.pid) break;
-      if (r < 0 && errno != EINTR) throw IoError("waitpid", options_.argv[0], errno);
+    if (a.exec_errno == 0) set_state(WorkerState::kRunning, running[0].child.pid, "");
+    int root = -1;          // index of the first failure
+    bool stopping = false;  // a worker exited 75, or we forwarded a stop signal
+    Clock::time_point kill_at = Clock::time_point::max();
+    if (a.exec_errno != 0) {
+      for (Running& r : running) ::kill(-r.child.pid, SIGKILL);
+      kill_at = Clock::now();
+    }
+    size_t alive = running.size();
+    while (alive > 0) {
+      std::vector<int> ended;
+      for (size_t i = 0; i < running.size(); ++i) {
+        Running& r = running[i];
+        if (r.done) continue;
+        int status = 0;
+        const pid_t w = ::waitpid(r.child.pid, &status, WNOHANG);
+        if (w < 0 && errno != EINTR) throw IoError("waitpid", options_.argv[0], errno);
+        if (w != r.child.pid) continue;
+        r.done = true;
+        --alive;
+        r.exit.seconds = seconds_since(start);
+        if (WIFEXITED(status)) r.exit.exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) r.exit.signal = WTERMSIG(status);
+        if (!workers[i].heartbeat_file.empty())
+          r.exit.step = read_heartbeat_step(workers[i].heartbeat_file);
+        ended.push_back(static_cast<int>(i));
+      }
+      if (root < 0 && a.exec_errno == 0) {
+        for (int i : ended) {
+          const WorkerExit& e = running[i].exit;
+          if (e.exit_code == kExitOk || (e.exit_code == kExitSignal && e.signal == 0)) continue;
+          if (root < 0 || severity(e) > severity(running[root].exit)) root = i;
+        }
+        if (root >= 0 && alive > 0) {
+          spdlog::error("{} {}; stopping the other {} worker(s) (SIGTERM, SIGKILL after {} s)",
+                        running[root].exit.name, describe(running[root].exit), alive,
+                        format_seconds(options_.stop_timeout));
+          for (Running& r : running)
+            if (!r.done) ::kill(r.child.pid, SIGTERM);
+          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(options_.stop_timeout));
+        }
+      }
+      for (int i : ended)
+        if (running[i].exit.exit_code == kExitSignal) stopping = true;
+      if (alive == 0) break;
       if (const int sig = stop_signal(); sig != 0 && a.forwarded == 0) {
         // SIGINT goes on as SIGTERM: where a scheduler signals every process of the job, the
         // child would otherwise see two SIGINTs, which means "stop now, without saving".
         const int forward = sig == SIGINT ? SIGTERM : sig;
-        spdlog::warn("{} received; forwarding {} to worker pid {} and waiting for it",
-                     signal_name(sig), signal_name(forward), child.pid);
-        ::kill(child.pid, forward);
+        spdlog::warn("{} received; forwarding {} to {} worker(s) and waiting for them",
+                     signal_name(sig), signal_name(forward), alive);
+        for (Running& r : running)
+          if (!r.done) ::kill(r.child.pid, forward);
         a.forwarded = sig;
+        stopping = true;
       }
       if (const HeartbeatKey now = heartbeat_key(options_.progress_file); now != beat) {
         beat = now;
@@ -342,36 +420,56 @@ class Supervisor {
         a.progressed = true;
       }
       const double stalled = seconds_since(last_progress);
-      if (options_.hang_timeout > 0 && !a.exit.hung && stalled >= options_.hang_timeout) {
-        spdlog::error(
-            "worker pid {} made no progress for {} s ({} unchanged); killing its "
-            "process group with SIGKILL",
-            child.pid, format_seconds(stalled), options_.progress_file);
-        ::kill(-child.pid, SIGKILL);
-        a.exit.hung = true;
-        a.exit.stalled_seconds = stalled;
+      if (options_.hang_timeout > 0 && !a.hung && !stopping && root < 0 &&
+          stalled >= options_.hang_timeout) {
+        spdlog::error("no progress for {} s ({} unchanged); killing every worker's process "
+                      "group with SIGKILL",
+                      format_seconds(stalled), options_.progress_file);
+        for (Running& r : running)
+          if (!r.done) ::kill(-r.child.pid, SIGKILL);
+        a.hung = true;
+        a.stalled_seconds = stalled;
+      }
+      if (Clock::now() >= kill_at) {
+        for (Running& r : running)
+          if (!r.done) ::kill(-r.child.pid, SIGKILL);
+        kill_at = Clock::time_point::max();
       }
       std::this_thread::sleep_for(kPollInterval);
     }
-    a.exit.seconds = seconds_since(start);
     if (heartbeat_key(options_.progress_file) != beat) a.progressed = true;  // a last beat
-    if (WIFEXITED(status)) a.exit.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) a.exit.signal = WTERMSIG(status);
-    // Processes the worker left in its group (its own workers) would hold memory and ports.
-    if (!a.exit.hung && ::kill(-child.pid, 0) == 0) {
-      spdlog::warn("killing the processes worker pid {} left in its process group", child.pid);
-      ::kill(-child.pid, SIGKILL);
+    for (Running& r : running) {
+      // Processes a worker left in its group would hold memory and ports.
+      if (!a.hung && ::kill(-r.child.pid, 0) == 0) {
+        spdlog::warn("killing the processes worker pid {} left in its process group", r.child.pid);
+        ::kill(-r.child.pid, SIGKILL);
+      }
+      r.exit.last_lines = r.tap->finish();
     }
-    a.exit.last_lines = tap.finish();
+    // The attempt's outcome: the root cause, else a stopped or hung worker, else the first one.
+    int pick = root;
+    for (size_t i = 0; pick < 0 && i < running.size(); ++i)
+      if (running[i].exit.exit_code == kExitSignal || running[i].exit.signal != 0)
+        pick = static_cast<int>(i);
+    a.exit = running[pick < 0 ? 0 : pick].exit;
+    if (a.hung) {
+      a.exit.hung = true;
+      a.exit.stalled_seconds = a.stalled_seconds;
+    }
+    if (a.exec_errno != 0) {
+      set_state(WorkerState::kFailed, running[0].child.pid, ": execve failed");
+      return a;
+    }
     WorkerState to = WorkerState::kFailed;
-    if (a.forwarded != 0 || a.exit.exit_code == kExitSignal)
+    if (a.forwarded != 0 || (root < 0 && stopping))
       to = WorkerState::kStopped;
     else if (a.exit.hung)
       to = WorkerState::kHung;
     else if (a.exit.exit_code == kExitOk)
       to = WorkerState::kSucceeded;
-    set_state(to, child.pid,
-              fmt::format(" after {} s ({})", format_seconds(a.exit.seconds), describe(a.exit)));
+    set_state(to, running.size() == 1 ? running[0].child.pid : -1,
+              fmt::format(" after {} s ({}{})", format_seconds(a.exit.seconds),
+                          running.size() > 1 ? a.exit.name + " " : "", describe(a.exit)));
     return a;
   }
 

@@ -5,16 +5,20 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "gpurun/checkpoint.h"
 #include "gpurun/checkpoint_writer.h"
+#include "gpurun/collectives.h"
 #include "gpurun/errors.h"
 #include "gpurun/faults.h"
 #include "gpurun/fs.h"
@@ -40,13 +44,25 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+std::string tensor_bytes(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+at::Tensor uint8_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
 /// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
-/// STEP being the 0-based global step, and the sample indices the step consumed (used to prove that
-/// resume neither repeats nor skips).
+/// STEP being the 0-based global step, and the sample indices the step consumed on this rank
+/// (rank R > 0 writes FILE.rankR), used to prove that resume neither repeats nor skips.
 class SampleTrace {
  public:
-  SampleTrace() {
-    if (const char* path = std::getenv("GPURUN_TRACE_SAMPLES")) path_ = path;
+  explicit SampleTrace(int rank) {
+    if (const char* path = std::getenv("GPURUN_TRACE_SAMPLES"))
+      path_ = rank == 0 ? path : std::string(path) + ".rank" + std::to_string(rank);
   }
   void record(int64_t step, int64_t epoch, const at::Tensor& indices) {
     if (path_.empty()) return;
@@ -62,28 +78,49 @@ class SampleTrace {
 
 class Trainer {
  public:
-  Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry)
+  Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry,
+          std::unique_ptr<Collectives> comm)
       : config_(config),
         options_(options),
-        session_(open_session(config, options.device, options.memory_limit, registry)),
+        comm_(std::move(comm)),
+        rank_(comm_ ? comm_->rank() : 0),
+        world_(comm_ ? comm_->world_size() : 1),
+        session_(open_session(config, options.device, options.memory_limit, registry,
+                              options.dist ? options.dist->local_rank : 0)),
         device_(session_.device),
         data_(session_.data),
         model_(session_.model),
         store_(options.ckpt_dir, config.checkpoint.keep_last),
-        reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, true) {}
+        reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, rank_ == 0, rank_),
+        trace_(rank_) {}
 
   void run() {
     try {
-      take_lease();
-      check_directory();
-      plan_ = make_plan(config_, session_, /*world_size=*/1, saved_plan());
+      if (rank_ == 0) {
+        take_lease();
+        check_directory();
+      }
+      std::optional<LoadedCheckpoint> loaded = choose_checkpoint();
+      std::optional<MemoryPlan> saved;
+      if (loaded && loaded->info.manifest.contains("plan"))
+        saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
+      plan_ = make_plan(config_, session_, world_, saved, agreement());
       log_plan();
       params_ = model_->parameters();
       optimizer_ = make_optimizer(config_.optim, params_);
       const int64_t n = data_.train->size();
       steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
       total_steps_ = steps_per_epoch_ * config_.train.epochs;
-      resume_or_start();
+      // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
+      if (rank_ > 0) torch::manual_seed(rank_seed());
+      resume_or_start(loaded);
+      if (comm_) {
+        // As DDP does: every rank starts from rank 0's weights, whatever the model's init does.
+        std::vector<at::Tensor> tensors;
+        for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
+        comm_->broadcast_tensors(tensors);
+        interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
+      }
       started_ = true;
       reporter_.event("plan", plan_.to_json());
       reporter_.status({{"state", "running"},
@@ -93,6 +130,7 @@ class Trainer {
                        true);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
       drain_writes();
+      if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
                    model_digest(*model_));
@@ -134,14 +172,41 @@ class Trainer {
                         "); continue them with --resume, or use a new --ckpt directory");
   }
 
-  /// The plan stored in the newest complete checkpoint, when resuming.
-  std::optional<MemoryPlan> saved_plan() const {
-    if (!options_.resume) return std::nullopt;
-    auto checkpoints = store_.list(false);
-    for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it)
-      if (it->complete && it->manifest.contains("plan"))
-        return MemoryPlan::from_json(it->manifest["plan"]);
-    return std::nullopt;
+  /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
+  /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint that
+  /// is still being written and all resume the same step (cases.md 13).
+  std::optional<LoadedCheckpoint> choose_checkpoint() {
+    std::optional<LoadedCheckpoint> loaded;
+    if (options_.resume && rank_ == 0) loaded = store_.load_latest();
+    if (!comm_) return loaded;
+    const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
+    if (rank_ != 0 && !path.empty()) loaded = CheckpointStore::load(path);
+    return loaded;
+  }
+
+  /// Rank > 0's dropout stream: a function of the seed and the rank only.
+  uint64_t rank_seed() const {
+    return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
+  }
+
+  /// Planning agreement over the process group (no-op for one process).
+  PlanAgreement agreement() {
+    PlanAgreement a;
+    if (!comm_) return a;
+    a.probe = [this](const Probe& p) {
+      Probe worst = p;
+      const auto v = comm_->all_reduce(
+          {static_cast<double>(p.peak_bytes), p.out_of_memory ? 1.0 : 0.0, p.step_seconds},
+          Collectives::Op::kMax);
+      worst.peak_bytes = static_cast<int64_t>(v[0]);
+      worst.out_of_memory = v[1] > 0;
+      worst.step_seconds = v[2];
+      return worst;
+    };
+    a.any = [this](bool mine) {
+      return comm_->all_reduce({mine ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+    };
+    return a;
   }
 
   void log_plan() const {
@@ -157,12 +222,11 @@ class Trainer {
                  format_bytes(plan_.capacity_bytes));
   }
 
-  void resume_or_start() {
+  void resume_or_start(const std::optional<LoadedCheckpoint>& loaded) {
     if (!options_.resume) {
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
       return;
     }
-    std::optional<LoadedCheckpoint> loaded = store_.load_latest();
     if (!loaded) {
       spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
       return;
@@ -183,16 +247,26 @@ class Trainer {
           "{} and {}: results will differ in the last bits",
           meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
     session_.meter->reset_peak();
-    restore_state(*loaded, *model_, *optimizer_);
+    if (!restore_state(*loaded, *model_, *optimizer_, rank_))
+      spdlog::warn("rank {}: {} was written by {} rank(s) and holds no random state for this "
+                   "rank; its dropout stream starts from the seed (the run is no longer "
+                   "bit-identical to one that kept its world size)",
+                   rank_, loaded->info.path, meta.world_size);
     const int64_t load_peak = session_.meter->peak_bytes();
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
     last_saved_step_ = global_step_;
+    interval_first_step_ = global_step_;
     last_checkpoint_ = loaded->info.path;
     reporter_.status({{"last_checkpoint", last_checkpoint_}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
+    if (meta.world_size != world_)
+      spdlog::info("the checkpoint was written by {} rank(s), this run has {}: the global batch "
+                   "and the position in the epoch's order are kept, so every sample of the epoch "
+                   "is seen exactly once",
+                   meta.world_size, world_);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"epoch", epoch_},
@@ -212,18 +286,23 @@ class Trainer {
     while (position_ < n) {
       const int64_t window = std::min(plan_.global_batch, n - position_);
       const at::Tensor indices = order.narrow(0, position_, window);
-      const double loss = optimizer_step(indices);
-      trace_.record(global_step_, epoch_, indices);
+      // Rank r takes samples r, r + world, ... of the window: disjoint shards that cover it,
+      // whatever the window's size (the short last one included), so that no sample is padded
+      // or dropped and a resume with another world size continues at the same position.
+      const at::Tensor shard =
+          world_ > 1 ? indices.slice(0, rank_, window, world_).contiguous() : indices;
+      const double loss = optimizer_step(shard, window);
+      trace_.record(global_step_, epoch_, shard);
       position_ += window;
       ++global_step_;
       loss_sum += loss * window;
       loss_samples += window;
       fault_point("after_step", global_step_);
-      reporter_.heartbeat();
+      reporter_.heartbeat(global_step_);
       report_finished_writes();
       after_step(loss, window);
       if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
-      stop_if_signalled();
+      stop_if_signalled(agreed_stop_);
     }
     const auto [eval_loss, eval_accuracy] = evaluate();
     const double seconds = seconds_since(epoch_start);
@@ -243,51 +322,92 @@ class Trainer {
     stop_if_signalled();
   }
 
-  /// One optimizer step over `indices`, the window of this step; returns its mean loss. On
-  /// c10's out-of-memory error the gradients are released, the micro-batch halved (global
-  /// batch kept) and the same step done again.
-  double optimizer_step(const at::Tensor& indices) {
+  /// One optimizer step over `shard`, this rank's part of the step's window of `window`
+  /// samples; returns the window's mean loss. With several ranks, the gradients are summed
+  /// once, after the last micro-batch (collectives.h), together with the control values every
+  /// rank must agree on: the loss, a stop signal seen by any rank, a time-based save due on
+  /// rank 0, and an out-of-memory error on any rank. On out of memory (any rank) the
+  /// gradients are released, the micro-batch halved (global batch kept) and the same step done
+  /// again on every rank.
+  double optimizer_step(const at::Tensor& shard, int64_t window) {
     for (;;) {
+      optimizer_->zero_grad();
+      double loss = 0;
+      bool out_of_memory = false;
       try {
-        optimizer_->zero_grad();
-        const double loss =
-            accumulate_gradients(*model_, *data_.train, indices, plan_.micro_batch, device_);
-        if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
-        lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
-        set_learning_rate(*optimizer_, lr_);
-        optimizer_->step();
-        return loss;
+        loss = accumulate_gradients(*model_, *data_.train, shard, plan_.micro_batch, device_,
+                                    window);
       } catch (const c10::OutOfMemoryError& e) {
-        for (auto& p : params_) p.mutable_grad() = at::Tensor();
-        MemoryPlan smaller = halve_micro_batch(plan_);
-        reporter_.end_progress();
-        spdlog::warn("out of memory at global step {} with micro-batch {}; memory back to {}; "
-                     "retrying with micro-batch {} x accumulation {}",
-                     global_step_, plan_.micro_batch, format_bytes(session_.meter->current_bytes()),
-                     smaller.micro_batch, smaller.accumulation_steps);
-        plan_ = smaller;
-        reporter_.event("plan", plan_.to_json());
+        if (!comm_) {
+          shrink_after_oom();
+          continue;
+        }
+        release_gradients();
+        out_of_memory = true;
       }
+      if (comm_) {
+        std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
+                                    rank_ == 0 && minutes_due() ? 1.0 : 0.0,
+                                    out_of_memory ? 1.0 : 0.0};
+        comm_->sync_gradients(params_, control);
+        loss = control[0];
+        agreed_stop_ = control[1] > 0;
+        agreed_save_ = control[2] > 0;
+        if (control[3] > 0) {
+          shrink_after_oom();
+          continue;
+        }
+      }
+      if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
+      lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
+      set_learning_rate(*optimizer_, lr_);
+      optimizer_->step();
+      return loss;
     }
+  }
+
+  void release_gradients() {
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  }
+
+  void shrink_after_oom() {
+    release_gradients();
+    MemoryPlan smaller = halve_micro_batch(plan_);
+    reporter_.end_progress();
+    spdlog::warn("out of memory at global step {} with micro-batch {}{}; memory back to {}; "
+                 "retrying with micro-batch {} x accumulation {}",
+                 global_step_, plan_.micro_batch, comm_ ? " (on at least one rank)" : "",
+                 format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
+                 smaller.accumulation_steps);
+    plan_ = smaller;
+    reporter_.event("plan", plan_.to_json());
   }
 
   std::pair<double, double> evaluate() {
     model_->eval();
     torch::NoGradGuard no_grad;
+    // Rank r evaluates samples r, r + world, ...; the sums are added over the ranks.
     const int64_t n = data_.eval->size();
+    const at::Tensor mine = at::arange(rank_, n, world_, at::kLong);
+    const int64_t m = mine.numel();
     double loss_sum = 0;
-    int64_t correct = 0;
-    for (int64_t start = 0; start < n; start += plan_.eval_batch) {
-      const int64_t count = std::min(plan_.eval_batch, n - start);
-      reporter_.heartbeat();
-      Batch batch = data_.eval->get(at::arange(start, start + count, at::kLong));
+    double correct = 0;
+    for (int64_t start = 0; start < m; start += plan_.eval_batch) {
+      const int64_t count = std::min(plan_.eval_batch, m - start);
+      reporter_.heartbeat(global_step_);
+      Batch batch = data_.eval->get(mine.narrow(0, start, count));
       at::Tensor logits = model_->forward(batch.inputs.to(device_));
       at::Tensor targets = batch.targets.to(device_);
       loss_sum += at::cross_entropy_loss(logits, targets).item<double>() * count;
-      correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
+      correct += static_cast<double>(logits.argmax(1).eq(targets).sum().item<int64_t>());
     }
     model_->train();
-    return {n ? loss_sum / n : 0.0, n ? static_cast<double>(correct) / n : 0.0};
+    if (comm_) {
+      const auto sums = comm_->all_reduce({loss_sum, correct}, Collectives::Op::kSum);
+      loss_sum = sums[0];
+      correct = sums[1];
+    }
+    return {n ? loss_sum / n : 0.0, n ? correct / n : 0.0};
   }
 
   void after_step(double loss, int64_t window) {
@@ -301,11 +421,23 @@ class Trainer {
     if (global_step_ % config_.log.every_steps != 0) return;
     throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
     const double mean_loss = interval_loss_ / interval_samples_;
-    reporter_.event("step", {{"epoch", epoch_},
+    nlohmann::json fields = {{"epoch", epoch_},
                              {"global_step", global_step_},
                              {"loss", mean_loss},
                              {"lr", lr_},
-                             {"samples_per_second", throughput_}});
+                             {"samples_per_second", throughput_}};
+    if (comm_) {
+      // What the gradient synchronisation moved per optimizer step since the last report.
+      const CollectiveStats& now = comm_->stats();
+      const double steps = static_cast<double>(global_step_ - interval_first_step_);
+      fields["world_size"] = world_;
+      fields["gradient_syncs_per_step"] = (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
+      fields["all_reduce_calls_per_step"] = (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
+      fields["all_reduce_bytes_per_step"] = (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
+      interval_stats_ = now;
+    }
+    interval_first_step_ = global_step_;
+    reporter_.event("step", fields);
     reporter_.status({{"epoch", epoch_},
                       {"global_step", global_step_},
                       {"loss", mean_loss},
@@ -329,11 +461,28 @@ class Trainer {
   bool due_for_checkpoint() const {
     const auto& c = config_.checkpoint;
     if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
-    return c.every_minutes > 0 && seconds_since(last_save_time_) >= c.every_minutes * 60;
+    // Clocks differ between ranks: rank 0's decides, carried by the gradient sync.
+    return comm_ ? agreed_save_ : minutes_due();
+  }
+
+  bool minutes_due() const {
+    const double every = config_.checkpoint.every_minutes;
+    return every > 0 && seconds_since(last_save_time_) >= every * 60;
   }
 
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position) {
+    // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
+    std::vector<at::Tensor> rank_rng;
+    if (comm_) {
+      const std::vector<std::string> states = comm_->gather(tensor_bytes(cpu_rng_state()));
+      if (rank_ != 0) {
+        last_saved_step_ = global_step_;
+        last_save_time_ = Clock::now();
+        return;
+      }
+      for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
+    }
     if (lease_ && (lease_->lost() || !lease_->still_ours()))
       throw ConfigError("another run took over " + options_.ckpt_dir +
                         " (lease.json); stopping without saving, so that two runs never "
@@ -342,14 +491,14 @@ class Trainer {
     meta.epoch = epoch;
     meta.global_step = global_step_;
     meta.position_in_epoch = position;
-    meta.world_size = plan_.world_size;
+    meta.world_size = world_;
     meta.config_hash = config_hash(config_);
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
     // The stall: copying the state to host memory, plus waiting for a write still in flight.
     const auto stall_start = Clock::now();
-    writer_.submit(capture_state(*model_, *optimizer_, std::move(meta)));
+    writer_.submit(capture_state(*model_, *optimizer_, std::move(meta), rank_rng));
     stalls_[global_step_] = seconds_since(stall_start);
     last_saved_step_ = global_step_;
     last_save_time_ = Clock::now();
@@ -408,20 +557,33 @@ class Trainer {
   }
 
   /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
-  /// then throw Stopped (exit 75).
-  void stop_if_signalled() {
-    const int sig = stop_signal();
+  /// then throw Stopped (exit 75). With several ranks they stop together when any rank got
+  /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
+  /// small all-reduce decides; every rank waits at a barrier until rank 0's checkpoint is
+  /// complete, so that the job's exit 75 means the checkpoint is there.
+  void stop_if_signalled(std::optional<bool> agreed = std::nullopt) {
+    int sig = stop_signal();
+    if (comm_) {
+      const bool stop =
+          agreed ? *agreed
+                 : comm_->all_reduce({sig != 0 ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+      if (!stop) return;
+      if (!sig) sig = SIGTERM;  // another rank's signal
+    }
     if (!sig) return;
     reporter_.end_progress();
     spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
     reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
     if (global_step_ != last_saved_step_) save("signal", epoch_, position_);
     drain_writes();
+    if (comm_) comm_->barrier();
     throw Stopped(sig);
   }
 
   const RunConfig& config_;
   const RunOptions& options_;
+  std::unique_ptr<Collectives> comm_;  ///< null for a single process
+  const int rank_, world_;
   Session session_;
   const c10::Device device_;
   const DatasetSplits& data_;
@@ -431,6 +593,9 @@ class Trainer {
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
   CheckpointWriter writer_{store_, config_.checkpoint.async};
   SampleTrace trace_;
+  bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
+  CollectiveStats interval_stats_;
+  int64_t interval_first_step_ = 0;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   MemoryPlan plan_;
@@ -458,7 +623,20 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
       throw ConfigError(dir + " exists and is not a directory");
   }
-  Trainer(config, options, registry).run();
+  std::unique_ptr<Collectives> comm;
+  if (options.dist && options.dist->world_size > 1) {
+    const DistEnv& d = *options.dist;
+    const std::string run_dir = options.run_dir.empty() ? options.ckpt_dir : options.run_dir;
+    // Every rank keeps its own log (design.md); rank 0's also goes to stderr as usual.
+    fs::make_dirs(run_dir);
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        run_dir + "/rank-" + std::to_string(d.rank) + ".log");
+    spdlog::default_logger()->sinks().push_back(file);
+    spdlog::default_logger()->set_pattern("%^gpurun %l%$ [rank " + std::to_string(d.rank) + "] %v");
+    const c10::Device device = resolve_device(options.device, d.local_rank);
+    comm = Collectives::connect(d, device, config.distributed.timeout);
+  }
+  Trainer(config, options, registry, std::move(comm)).run();
 }
 
 }  // namespace gpurun

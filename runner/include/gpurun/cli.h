@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gpurun/dist_env.h"
 #include "gpurun/trainer.h"
 
 namespace gpurun {
@@ -25,6 +26,7 @@ struct Command {
   int max_restarts = 0;                ///< run: restarts after a crash (supervisor.h)
   double hang_timeout = 0;             ///< run: seconds without a step before kill + restart
   std::vector<std::string> child_argv; ///< run under the supervisor: the worker's command line
+  LaunchFlags launch;                  ///< run: --nproc-per-node, --nnodes, ... as given
 };
 
 /// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an

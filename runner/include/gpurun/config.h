@@ -78,6 +78,14 @@ struct LogConfig {
   int64_t every_steps = 10;  ///< a `step` event every N optimizer steps
 };
 
+/// Distributed runs (--nproc-per-node, --nnodes, Slurm).
+struct DistributedConfig {
+  /// Seconds the rendezvous and every collective may wait for the other ranks before the run
+  /// fails (and the launcher restarts it); also bounds how long a rank waits at a barrier
+  /// while rank 0 finishes writing a checkpoint.
+  double timeout = 300;
+};
+
 /// The resolved configuration: every default filled in, every value checked.
 struct RunConfig {
   ModelConfig model;
@@ -88,6 +96,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   MemoryConfig memory;
   LogConfig log;
+  DistributedConfig distributed;
   std::string source;  ///< the file it came from, for messages
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,18 +28,28 @@ struct Session {
   std::shared_ptr<SegmentedModel> model;
 };
 
-/// "auto" (CUDA when available, else CPU), "cpu" or "cuda". Throws ConfigError.
-c10::Device resolve_device(const std::string& name);
-
 /// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
 /// memory.capacity when it is a SIZE, else 0 (the device's own size).
 int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit);
+
+/// "auto" (CUDA when available, else CPU), "cpu" or "cuda"; a CUDA device gets index
+/// `local_rank` (one GPU per rank). Throws ConfigError.
+c10::Device resolve_device(const std::string& name, int local_rank = 0);
+
+/// How the ranks of a distributed run agree while planning; empty functions: one process.
+struct PlanAgreement {
+  /// The worst of every rank's probe of the same configuration: the largest peak, an
+  /// out-of-memory error on any rank, the slowest step.
+  std::function<Probe(const Probe&)> probe;
+  /// True when any rank passes true.
+  std::function<bool(bool)> any;
+};
 
 /// Sets the thread count and seed, loads the data (not metered: host-resident data sets are
 /// not device memory), installs the meter, builds the model on the device.
 /// Throws ConfigError for a bad device, dataset or model.
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                     const Registry& registry);
+                     const Registry& registry, int local_rank = 0);
 
 /// The request for the planner from the config: global batch, configured micro-batch,
 /// capacity, headroom and strategy.
@@ -47,9 +58,11 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
 /// Probes and chooses the plan (memory_plan.h), fills in the analytic estimate, and turns
 /// activation checkpointing on in the model when the plan says so. When `saved` (the plan of
 /// the checkpoint being resumed) was made for the same capacity and global batch it is reused
-/// without probing, so that a resumed run stays deterministic.
+/// without probing, so that a resumed run stays deterministic. With several ranks, `agree`
+/// makes every rank choose the same plan: the plan is reused only when every rank can, and
+/// each probe counts as the worst rank's.
 MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
-                     const std::optional<MemoryPlan>& saved);
+                     const std::optional<MemoryPlan>& saved, const PlanAgreement& agree = {});
 
 /// The analytic estimate for `plan` on this session's model.
 Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan);

@@ -1,7 +1,10 @@
-// The supervisor behind `gpurun --max-restarts N --hang-timeout SECONDS`: it runs training in a
-// child process (the same gpurun re-executed with --resume) and restarts it with exponential
-// backoff after a crash, as torchelastic's agent does (torch/distributed/elastic/agent/server/
-// api.py: WorkerState, max_restarts).
+// The supervisor behind `gpurun --max-restarts N --hang-timeout SECONDS` and the launcher behind
+// `--nproc-per-node N`: it runs training in child processes (the same gpurun re-executed with
+// --resume), one per local rank, and restarts them all with exponential backoff after a crash,
+// as torchelastic's agent does (torch/distributed/elastic/agent/server/api.py: WorkerState,
+// max_restarts). When one worker of a group fails, the others get SIGTERM and, after
+// stop_timeout seconds, SIGKILL; the first failure is reported as the root cause with its rank,
+// exit code or signal, the step it had reached and the last lines of its stderr.
 //
 // Contract with the child (design.md, "Worker environment" and "Exit codes"):
 // - GPURUN_RESTART_COUNT=k in its environment: 0 for the first run, k for the k-th restart.
@@ -48,6 +51,19 @@ struct SupervisorOptions {
   double backoff_max = 60.0;
   /// Extra environment for the child, over the supervisor's own.
   std::map<std::string, std::string> env;
+  /// One worker of a group started together (a rank): extra environment over `env`, a name for
+  /// messages ("rank 1") and its heartbeat file (status.h heartbeat_path), read for the step it
+  /// reached when it fails.
+  struct Worker {
+    std::map<std::string, std::string> env;
+    std::string name;
+    std::string heartbeat_file;
+  };
+  /// The group; empty means one worker with `env` only. Only the first worker's stderr is
+  /// echoed to ours (the others write their own log files); all are kept for failure reports.
+  std::vector<Worker> workers;
+  /// Seconds the other workers get to exit after SIGTERM once one has failed, before SIGKILL.
+  double stop_timeout = 15;
   /// Called after each run of the child, before deciding on a restart (tests, status.json).
   std::function<void(const WorkerExit&)> on_worker_exit;
 };
@@ -60,6 +76,8 @@ const char* state_name(WorkerState state) noexcept;
 
 /// How one run of the child ended.
 struct WorkerExit {
+  std::string name;            ///< the Worker's name ("rank 1"); "worker" for a lone one
+  int64_t step = -1;           ///< global step from its heartbeat file; -1 when unknown
   int exit_code = -1;          ///< the exit status; -1 when killed by a signal
   int signal = 0;              ///< the signal that killed it, 0 when it exited
   bool hung = false;           ///< killed by the watchdog
@@ -68,9 +86,10 @@ struct WorkerExit {
   double stalled_seconds = 0;  ///< when hung: seconds without progress before the kill
 };
 
-/// Runs the child until it finishes, restarting it per the rules above, and returns the exit
-/// code gpurun should exit with: 0, the child's 2/3/75, 75 when a stop signal arrives between
-/// runs, or 1 when the restarts are used up or the binary cannot be executed (an exec failure
+/// Runs the child (or the group) until it finishes, restarting it per the rules above, and
+/// returns the exit code gpurun should exit with: 0 when every worker exited 0; the root
+/// cause's 2/3; 75 when the workers stopped for a signal; 75 when a stop signal arrives between
+/// runs; or 1 when the restarts are used up or the binary cannot be executed (an exec failure
 /// is not retried). Logs each failure with its cause and the child's last stderr lines.
 /// Throws std::invalid_argument for an empty argv, a negative max_restarts, or hang_timeout
 /// without progress_file; IoError when pipe(2) or fork(2) fails. Call it from the main thread:

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <string>
 
+#include <optional>
+
 #include "gpurun/config.h"
+#include "gpurun/dist_env.h"
 
 namespace gpurun {
 
@@ -21,9 +24,15 @@ struct RunOptions {
   std::string device = "auto";  ///< auto | cpu | cuda
   int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
   int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device
+  /// This worker's place in a distributed run (dist_env.h); nullopt: a single process.
+  std::optional<DistEnv> dist;
 };
 
 /// Runs the whole training described by `config`, returning when the last epoch is done.
+/// With options.dist, joins the process group first and trains data-parallel: each rank takes a
+/// disjoint shard of every optimizer step's window of the same per-epoch permutation, gradients
+/// are summed once per optimizer step, rank 0 holds the lease and writes checkpoints and
+/// metrics, and every rank loads the checkpoint rank 0 chose.
 /// Throws ConfigError (the directory already holds checkpoints and `resume` is off; bad
 /// device), ResumeError (no valid checkpoint, changed training keys), IoError (storage), and
 /// Stopped after saving when a stop signal arrived.
