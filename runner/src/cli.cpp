@@ -133,8 +133,9 @@ int run_training(const Command& cmd, const Registry& registry) {
   run.dist = worker_env(env);
   const std::string run_dir = run.run_dir.empty() ? run.ckpt_dir : run.run_dir;
   if (!run.dist) {
-    const LaunchSpec spec = resolve_launch(cmd.launch, env);
+    LaunchSpec spec = resolve_launch(cmd.launch, env);
     const int world = spec.nnodes * spec.nproc_per_node;
+    if (spec.nnodes == 1 && !master_port_given(cmd.launch, env)) spec.master_port = find_free_port();
     if (world > 1 || cmd.max_restarts > 0 || cmd.hang_timeout > 0) {
       SupervisorOptions s;
       // The workers re-read the config; an error in it surfaced above, unretried.

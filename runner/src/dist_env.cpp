@@ -1,6 +1,11 @@
 #include "gpurun/dist_env.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <string_view>
 
 #include "gpurun/errors.h"
@@ -142,6 +147,27 @@ LaunchSpec resolve_launch(const LaunchFlags& flags, const Environment& env) {
   if (s.master_addr.empty()) throw ConfigError("--master-addr must not be empty");
   check_port(s.master_port, "--master-port");
   return s;
+}
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw IoError("socket", "127.0.0.1", errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError("bind", "0.0.0.0:0", err);
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool master_port_given(const LaunchFlags& flags, const Environment& env) {
+  return flags.master_port || find(env, "MASTER_PORT") || in_slurm_step(env);
 }
 
 Environment worker_variables(const LaunchSpec& spec, int local_rank) {

@@ -68,6 +68,14 @@ bool slurm_runs_workers(const Environment& env);
 /// Throws ConfigError for missing SLURM_* variables.
 Environment worker_env_from_slurm(const Environment& env);
 
+/// A TCP port on this host that is free now (the kernel's pick for port 0). A single-node job
+/// without --master-port or MASTER_PORT uses one, so that two jobs on one machine (two users
+/// of a lab box, parallel tests) never collide on 29500. Throws IoError when no socket opens.
+int find_free_port();
+
+/// True when --master-port or MASTER_PORT (or Slurm's job id) fixes the port.
+bool master_port_given(const LaunchFlags& flags, const Environment& env);
+
 /// The variables of worker `local_rank` (0 .. nproc_per_node-1) of `spec`'s node.
 Environment worker_variables(const LaunchSpec& spec, int local_rank);
 

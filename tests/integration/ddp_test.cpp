@@ -1,0 +1,258 @@
+// DDP on CPU with Gloo, driven through the real binary: `--nproc-per-node 2` against one
+// process, two launchers as two nodes, a rank killed mid-run, resume with another world size,
+// and cases.md 13 (a checkpoint rank 0 is still writing).
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "gpurun/state.h"
+#include "integration/harness.h"
+
+namespace fs = std::filesystem;
+using namespace gpurun::test;
+
+namespace {
+
+/// A port that was free a moment ago.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// The pid of the worker with RANK=`rank` among `launcher`'s children; -1 when none.
+pid_t worker_pid(pid_t launcher, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream stat(slurp(e.path() / "stat"));
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    if (ppid != launcher) continue;
+    const std::string env = slurp(e.path() / "environ");
+    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos ||
+        env.rfind("RANK=" + std::to_string(rank) + '\0', 0) == 0)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+/// model.pt of the newest complete checkpoint in `ckpt`.
+gpurun::NamedTensors newest_weights(const std::string& ckpt) {
+  std::string latest = slurp(ckpt + "/LATEST");
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  return gpurun::unpickle_tensors(slurp(ckpt + "/" + latest + "/model.pt"), latest + "/model.pt");
+}
+
+double relative_norm_difference(const gpurun::NamedTensors& a, const gpurun::NamedTensors& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i].second - b[i].second).pow(2).sum().item<double>();
+    norm += b[i].second.pow(2).sum().item<double>();
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+std::string digest(const std::string& ckpt) { return inspect(ckpt).value("model_digest", ""); }
+
+/// "STEP EPOCH i i i" lines of a sample trace and its .rankR siblings: epoch -> indices.
+std::map<int, std::vector<int64_t>> traced_samples(const std::vector<std::string>& files) {
+  std::map<int, std::vector<int64_t>> out;
+  for (const std::string& f : files) {
+    std::istringstream lines(slurp(f));
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream in(line);
+      int64_t step = 0, epoch = 0, index = 0;
+      in >> step >> epoch;
+      while (in >> index) out[static_cast<int>(epoch)].push_back(index);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> ddp(std::vector<std::string> args, int nproc) {
+  args.push_back("--nproc-per-node");
+  args.push_back(std::to_string(nproc));
+  return args;
+}
+
+}  // namespace
+
+// Issue 5: 2 ranks x global batch 32 against 1 process x batch 32, SGD, no dropout/BatchNorm.
+TEST(Ddp, TwoRanksEqualOneProcessWithTheSameGlobalBatchAfterFiveSteps) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(160, 32, 1));
+  Result one = run_gpurun({config, "--ckpt", dir / "one"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  Result two = run_gpurun(ddp({config, "--ckpt", dir / "two"}, 2));
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(inspect(dir / "two").value("global_step", -1), 5);
+  EXPECT_EQ(inspect(dir / "two").value("world_size", -1), 2);
+  const double rel = relative_norm_difference(newest_weights(dir / "two"), newest_weights(dir / "one"));
+  EXPECT_LT(rel, 1e-5);
+  // Rank 0 alone writes metrics; every rank its log.
+  const auto plans = events(dir / "two", "plan");
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0]["world_size"], 2);
+  EXPECT_EQ(plans[0]["micro_batch"], 16);
+  EXPECT_EQ(plans[0]["global_batch"], 32);
+  EXPECT_EQ(events(dir / "two", "done").size(), 1u);
+  EXPECT_TRUE(contains(slurp(dir / "two/rank-1.log"), "[rank 1]"));
+  EXPECT_TRUE(contains(slurp(dir / "two/rank-0.log"), "finished"));
+  // One gradient all-reduce per optimizer step.
+  for (const auto& s : events(dir / "two", "step")) EXPECT_EQ(s["gradient_syncs_per_step"], 1.0);
+}
+
+// Issue 5: two launchers with --nnodes 2 on 127.0.0.1 train together, bit-identical to the
+// same two ranks launched on one node.
+TEST(Ddp, TwoLaunchersAsTwoNodesTrainTogether) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(320, 32, 1));
+  Result local = run_gpurun(ddp({config, "--ckpt", dir / "local"}, 2));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return start_gpurun({config, "--ckpt", dir / "nodes", "--nproc-per-node", "1", "--nnodes", "2",
+                         "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
+                         "--master-port", port},
+                        dir / ("node" + std::to_string(rank)));
+  };
+  const pid_t n0 = node(0), n1 = node(1);
+  Result r0 = wait_gpurun(n0, dir / "node0", 120), r1 = wait_gpurun(n1, dir / "node1", 120);
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_TRUE(contains(r1.err, "ranks 1..1 of 2 on node 1 of 2")) << r1.err;
+  EXPECT_EQ(digest(dir / "nodes"), digest(dir / "local"));
+}
+
+// Issue 5: SIGKILL one rank mid-run: the job ends non-zero within 30 s naming that rank; with
+// --max-restarts 1 it resumes, every rank with its own saved dropout stream, and ends with the
+// uninterrupted run's digest.
+TEST(Ddp, SigkilledRankStopsTheJobNamingItAndARestartEndsWithTheSameDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1600, 32, 2));
+  const std::vector<std::string> sets{"model.hidden=[256,256]", "model.dropout=0.2",
+                                      "checkpoint.every_steps=10"};
+  Result reference = run_gpurun(ddp(with_sets({config, "--ckpt", dir / "reference"}, sets), 2));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+
+  for (const bool restart : {false, true}) {
+    const std::string ckpt = dir / (restart ? "restarted" : "failed");
+    std::vector<std::string> args = ddp(with_sets({config, "--ckpt", ckpt}, sets), 2);
+    if (restart) args.insert(args.end(), {"--max-restarts", "1"});
+    const pid_t launcher = start_gpurun(args, dir / "run");
+    ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, "", 120)) << slurp(dir / "run.err");
+    const pid_t rank1 = worker_pid(launcher, 1);
+    ASSERT_GT(rank1, 0);
+    ASSERT_EQ(kill(rank1, SIGKILL), 0);
+    const auto killed_at = std::chrono::steady_clock::now();
+    Result r = wait_gpurun(launcher, dir / "run", 180);
+    if (!restart) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_LT(seconds, 30.0);
+      EXPECT_TRUE(contains(r.err, "rank 1 killed by signal 9 (SIGKILL) at step")) << r.err;
+    } else {
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_TRUE(contains(r.err, "rank 1 killed by signal 9")) << r.err;
+      EXPECT_EQ(events(ckpt, "resume").size(), 1u);
+      EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
+    }
+  }
+}
+
+// Issue 5: stop a 2-rank run mid-epoch and finish it with 1 rank, and the other way round: the
+// global batch is kept and the interrupted epoch's samples are exactly one full epoch.
+TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(480, 32, 2));
+  for (const auto& [first, second] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    const std::string ckpt = dir / ("ckpt" + std::to_string(first));
+    const std::string trace = dir / ("trace" + std::to_string(first));
+    // Stopped by a SIGTERM right after global step 20: epoch 1, 5 steps in.
+    Result stopped = run_gpurun(ddp({config, "--ckpt", ckpt}, first),
+                                {{"GPURUN_TRACE_SAMPLES", trace},
+                                 {"GPURUN_FAULT", "sigterm:after_step:20"}});
+    ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+    Result resumed = run_gpurun(ddp({config, "--ckpt", ckpt, "--resume"}, second),
+                                {{"GPURUN_TRACE_SAMPLES", trace}});
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    const auto plans = events(ckpt, "plan");
+    ASSERT_EQ(plans.size(), 2u);
+    EXPECT_EQ(plans[0]["world_size"], first);
+    EXPECT_EQ(plans[1]["world_size"], second);
+    EXPECT_EQ(plans[0]["global_batch"], 32);
+    EXPECT_EQ(plans[1]["global_batch"], 32);
+    const auto resume = events(ckpt, "resume");
+    ASSERT_EQ(resume.size(), 1u);
+    EXPECT_EQ(resume[0]["epoch"], 1);
+    EXPECT_GT(resume[0]["position_in_epoch"].get<int64_t>(), 0);
+    auto seen = traced_samples({trace, trace + ".rank1"});
+    for (int epoch : {0, 1}) {
+      std::vector<int64_t> samples = seen[epoch];
+      std::sort(samples.begin(), samples.end());
+      std::vector<int64_t> all(480);
+      for (int64_t i = 0; i < 480; ++i) all[i] = i;
+      EXPECT_EQ(samples, all) << first << " -> " << second << " ranks, epoch " << epoch;
+    }
+    EXPECT_EQ(inspect(ckpt).value("global_step", -1), 30);
+  }
+}
+
+// cases.md 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
+// opens the incomplete checkpoint, all ranks resume the same step, and the run ends with the
+// uninterrupted digest.
+TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(640, 32, 1));
+  const std::vector<std::string> sets{"checkpoint.every_steps=4"};
+  Result reference = run_gpurun(ddp(with_sets({config, "--ckpt", dir / "reference"}, sets), 2));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+
+  const std::string ckpt = dir / "ckpt";
+  const pid_t launcher = start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2),
+                                      dir / "run", {{"GPURUN_FAULT", "sleep5000:before_rename:2"}});
+  // The second save is held before its rename: kill every process while it is a .tmp- folder.
+  bool in_flight = false;
+  for (int i = 0; i < 6000 && !in_flight; ++i) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt, ec))
+      if (e.path().filename().string().rfind(".tmp-", 0) == 0 && fs::exists(ckpt / fs::path("LATEST")))
+        in_flight = true;
+    sleep_for(0.01);
+  }
+  ASSERT_TRUE(in_flight) << slurp(dir / "run.err");
+  for (int rank : {0, 1})
+    if (const pid_t pid = worker_pid(launcher, rank); pid > 0) kill(pid, SIGKILL);
+  kill(launcher, SIGKILL);
+  wait_gpurun(launcher, dir / "run");
+
+  Result resumed = run_gpurun(ddp(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), 2));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto resume = events(ckpt, "resume");
+  ASSERT_EQ(resume.size(), 1u);
+  EXPECT_EQ(resume[0]["global_step"], 4);
+  const std::string path = resume[0]["path"];
+  for (int rank : {0, 1})
+    EXPECT_TRUE(contains(slurp(ckpt + "/rank-" + std::to_string(rank) + ".log"),
+                         "resuming from " + path + ": epoch 0, global step 4"))
+        << "rank " << rank;
+  EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
+}
