@@ -256,3 +256,44 @@ TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
         << "rank " << rank;
   EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
 }
+
+// Issue 5: under a memory limit every rank probes, the largest peak decides, and all ranks
+// train with the same plan: micro-batch x accumulation x world size = the global batch.
+TEST(Ddp, RanksAgreeOnOneMemoryPlanUnderALimit) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir,
+      "model: {name: cnn, channels: [8, 16]}\n"
+      "data: {name: idx, train_samples: 1280, eval_samples: 500}\n"
+      "optim: {name: adam, lr: 0.002}\n"
+      "train: {epochs: 1, batch_size: 128, eval_batch_size: 250, seed: 5, threads: 1}\n"
+      "log: {every_steps: 1}\n");
+  Result free_run = run_gpurun(ddp({config, "--ckpt", dir / "free"}, 2));
+  ASSERT_EQ(free_run.exit_code, 0) << free_run.err;
+  const auto free_plan = events(dir / "free", "plan");
+  ASSERT_EQ(free_plan.size(), 1u);
+  EXPECT_EQ(free_plan[0]["micro_batch"], 64);
+  const int64_t limit = free_plan[0]["measured_peak_bytes"].get<int64_t>() * 6 / 10;
+
+  Result limited = run_gpurun(
+      ddp({config, "--ckpt", dir / "limited", "--memory-limit", std::to_string(limit)}, 2));
+  ASSERT_EQ(limited.exit_code, 0) << limited.err;
+  const auto plans = events(dir / "limited", "plan");
+  ASSERT_EQ(plans.size(), 1u);
+  const auto& plan = plans[0];
+  EXPECT_EQ(plan["world_size"], 2);
+  EXPECT_TRUE(plan["accumulation_steps"].get<int64_t>() > 1 ||
+              plan["activation_checkpointing"].get<bool>())
+      << plan.dump();
+  EXPECT_EQ(plan["micro_batch"].get<int64_t>() * plan["accumulation_steps"].get<int64_t>() * 2,
+            128);
+  EXPECT_LE(plan["measured_peak_bytes"].get<int64_t>(), limit);
+  // Both ranks log the same plan.
+  auto plan_line = [&](int rank) {
+    const std::string log = slurp(dir / ("limited/rank-" + std::to_string(rank) + ".log"));
+    const size_t at = log.find("memory plan: ");
+    return at == std::string::npos ? std::string() : log.substr(at, log.find('\n', at) - at);
+  };
+  EXPECT_FALSE(plan_line(0).empty());
+  EXPECT_EQ(plan_line(0), plan_line(1));
+}
