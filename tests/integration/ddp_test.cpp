@@ -297,3 +297,38 @@ TEST(Ddp, RanksAgreeOnOneMemoryPlanUnderALimit) {
   EXPECT_FALSE(plan_line(0).empty());
   EXPECT_EQ(plan_line(0), plan_line(1));
 }
+
+// Issue 5: the launcher forwards SIGTERM to its ranks; they stop at the same step, rank 0 saves
+// it, the job exits 75, and --resume ends with the uninterrupted digest. A hang of the ranks is
+// caught by --hang-timeout and restarted.
+TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1600, 32, 1));
+  const std::vector<std::string> sets{"model.hidden=[256,256]", "checkpoint.every_steps=10"};
+  Result reference = run_gpurun(ddp(with_sets({config, "--ckpt", dir / "reference"}, sets), 2));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+
+  const std::string ckpt = dir / "ckpt";
+  const pid_t launcher = start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2), dir / "run");
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, "", 120)) << slurp(dir / "run.err");
+  kill(launcher, SIGTERM);
+  Result stopped = wait_gpurun(launcher, dir / "run", 60);
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  const auto signals = events(ckpt, "signal");
+  ASSERT_EQ(signals.size(), 1u);
+  EXPECT_EQ(inspect(ckpt)["global_step"], signals[0]["global_step"]);
+  for (int rank : {0, 1})
+    EXPECT_TRUE(contains(slurp(ckpt + "/rank-" + std::to_string(rank) + ".log"), "stopping"))
+        << "rank " << rank;
+
+  // Both ranks sleep 60 s after step 30 in the first run only: the watchdog kills and restarts.
+  Result resumed = run_gpurun(
+      ddp(with_sets({config, "--ckpt", ckpt, "--resume", "--max-restarts", "1", "--hang-timeout",
+                     "4"},
+                    sets),
+          2),
+      {{"GPURUN_FAULT", "sleep60000:after_step:30"}, {"GPURUN_FAULT_RESTART", "0"}});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "no progress for")) << resumed.err;
+  EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
+}
