@@ -17,14 +17,13 @@
 #include <spdlog/spdlog.h>
 
 #include "gpurun/checkpoint.h"
-#include "gpurun/checkpoint_writer.h"
+#include "gpurun/checkpointer.h"
 #include "gpurun/collectives.h"
 #include "gpurun/errors.h"
 #include "gpurun/faults.h"
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
-#include "gpurun/lease.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
 #include "gpurun/registry.h"
@@ -42,17 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string tensor_bytes(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
-}
-
-at::Tensor uint8_tensor(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
 }
 
 /// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
@@ -90,17 +78,14 @@ class Trainer {
         device_(session_.device),
         data_(session_.data),
         model_(session_.model),
-        store_(options.ckpt_dir, config.checkpoint.keep_last),
         reporter_(options.run_dir.empty() ? options.ckpt_dir : options.run_dir, rank_ == 0, rank_),
+        checkpointer_(config, options, reporter_, comm_.get()),
         trace_(rank_) {}
 
   void run() {
     try {
-      if (rank_ == 0) {
-        take_lease();
-        check_directory();
-      }
-      std::optional<LoadedCheckpoint> loaded = choose_checkpoint();
+      checkpointer_.claim_directory();
+      std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
       std::optional<MemoryPlan> saved;
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
@@ -129,7 +114,7 @@ class Trainer {
                         {"restarts", options_.restart_count}},
                        true);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
-      drain_writes();
+      checkpointer_.drain();
       if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
@@ -150,40 +135,6 @@ class Trainer {
   }
 
  private:
-  /// Holds DIR/lease.json for the whole run, so that two machines never interleave
-  /// checkpoints in one directory. A target where the lease cannot be written (read-only,
-  /// full) is reported and training goes on: its saves fail and are reported the same way.
-  void take_lease() {
-    try {
-      lease_ = Lease::acquire(options_.ckpt_dir, config_.checkpoint.lease_timeout, options_.force);
-    } catch (const IoError& e) {
-      spdlog::error("cannot hold the lease of {}: {}; training goes on, but checkpoints will "
-                    "fail the same way",
-                    options_.ckpt_dir, e.what());
-    }
-  }
-
-  /// Refuses a directory that holds checkpoints unless resuming; cleans leftover temporaries.
-  void check_directory() {
-    store_.clean_temporaries();
-    if (!options_.resume && store_.has_checkpoints())
-      throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
-                        store_.list(false).back().name +
-                        "); continue them with --resume, or use a new --ckpt directory");
-  }
-
-  /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
-  /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint that
-  /// is still being written and all resume the same step (cases.md 13).
-  std::optional<LoadedCheckpoint> choose_checkpoint() {
-    std::optional<LoadedCheckpoint> loaded;
-    if (options_.resume && rank_ == 0) loaded = store_.load_latest();
-    if (!comm_) return loaded;
-    const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
-    if (rank_ != 0 && !path.empty()) loaded = CheckpointStore::load(path);
-    return loaded;
-  }
-
   /// Rank > 0's dropout stream: a function of the seed and the rank only.
   uint64_t rank_seed() const {
     return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
@@ -256,10 +207,9 @@ class Trainer {
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
-    last_saved_step_ = global_step_;
+    checkpointer_.resumed_from(loaded->info.path, global_step_);
     interval_first_step_ = global_step_;
-    last_checkpoint_ = loaded->info.path;
-    reporter_.status({{"last_checkpoint", last_checkpoint_}});
+    reporter_.status({{"last_checkpoint", loaded->info.path}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
     if (meta.world_size != world_)
@@ -299,7 +249,7 @@ class Trainer {
       loss_samples += window;
       fault_point("after_step", global_step_);
       reporter_.heartbeat(global_step_);
-      report_finished_writes();
+      checkpointer_.report_finished();
       after_step(loss, window);
       if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
       stop_if_signalled(agreed_stop_);
@@ -347,7 +297,7 @@ class Trainer {
       }
       if (comm_) {
         std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
-                                    rank_ == 0 && minutes_due() ? 1.0 : 0.0,
+                                    rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
                                     out_of_memory ? 1.0 : 0.0};
         comm_->sync_gradients(params_, control);
         loss = control[0];
@@ -462,31 +412,11 @@ class Trainer {
     const auto& c = config_.checkpoint;
     if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
     // Clocks differ between ranks: rank 0's decides, carried by the gradient sync.
-    return comm_ ? agreed_save_ : minutes_due();
-  }
-
-  bool minutes_due() const {
-    const double every = config_.checkpoint.every_minutes;
-    return every > 0 && seconds_since(last_save_time_) >= every * 60;
+    return comm_ ? agreed_save_ : checkpointer_.minutes_due();
   }
 
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position) {
-    // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
-    std::vector<at::Tensor> rank_rng;
-    if (comm_) {
-      const std::vector<std::string> states = comm_->gather(tensor_bytes(cpu_rng_state()));
-      if (rank_ != 0) {
-        last_saved_step_ = global_step_;
-        last_save_time_ = Clock::now();
-        return;
-      }
-      for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
-    }
-    if (lease_ && (lease_->lost() || !lease_->still_ours()))
-      throw ConfigError("another run took over " + options_.ckpt_dir +
-                        " (lease.json); stopping without saving, so that two runs never "
-                        "interleave checkpoints");
     CheckpointMeta meta;
     meta.epoch = epoch;
     meta.global_step = global_step_;
@@ -496,64 +426,8 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
-    // The stall: copying the state to host memory, plus waiting for a write still in flight.
-    const auto stall_start = Clock::now();
-    writer_.submit(capture_state(*model_, *optimizer_, std::move(meta), rank_rng));
-    stalls_[global_step_] = seconds_since(stall_start);
-    last_saved_step_ = global_step_;
-    last_save_time_ = Clock::now();
-    report_finished_writes();
+    checkpointer_.save(std::move(meta), *model_, *optimizer_);
     interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
-  }
-
-  /// Reports the background writes that finished: a `checkpoint` event for each success; for
-  /// a failure an error that keeps training going (the last complete checkpoint is untouched)
-  /// until checkpoint.max_failures saves in a row have failed.
-  void report_finished_writes() {
-    for (WriteOutcome& o : writer_.finished()) {
-      const int64_t step = o.meta.global_step;
-      const double stall = stalls_[step];
-      stalls_.erase(step);
-      if (!o.result) {
-        ++failed_saves_;
-        reporter_.end_progress();
-        spdlog::error("checkpoint of global step {} failed: {}; the last complete checkpoint "
-                      "({}) is untouched; training goes on and saves again at the next "
-                      "checkpoint ({} of {} failures in a row)",
-                      step, o.error, last_checkpoint_.empty() ? "none" : last_checkpoint_,
-                      failed_saves_, config_.checkpoint.max_failures);
-        reporter_.event("checkpoint_failed", {{"global_step", step}, {"error", o.error},
-                                              {"errno", o.error_number},
-                                              {"failures_in_a_row", failed_saves_}});
-        if (failed_saves_ >= config_.checkpoint.max_failures)
-          throw Error("stopping: " + std::to_string(failed_saves_) +
-                      " checkpoints in a row failed; last error: " + o.error);
-        continue;
-      }
-      failed_saves_ = 0;
-      const SaveResult& r = *o.result;
-      last_checkpoint_ = r.path;
-      const double save_seconds = stall + r.write_seconds;
-      if (!warned_grace_ && save_seconds > config_.checkpoint.grace_seconds) {
-        warned_grace_ = true;
-        spdlog::warn("a checkpoint takes {:.1f} s, more than checkpoint.grace_seconds ({:.0f} s): "
-                     "a spot reclaim or Slurm's signal may not leave time to save",
-                     save_seconds, config_.checkpoint.grace_seconds);
-      }
-      reporter_.event("checkpoint", {{"path", r.path},
-                                     {"epoch", o.meta.epoch},
-                                     {"global_step", step},
-                                     {"bytes", r.bytes},
-                                     {"stall_seconds", stall},
-                                     {"write_seconds", r.write_seconds}});
-      reporter_.status({{"last_checkpoint", r.path}}, true);
-    }
-  }
-
-  /// Waits for the write in flight and reports it.
-  void drain_writes() {
-    writer_.wait();
-    report_finished_writes();
   }
 
   /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
@@ -574,8 +448,8 @@ class Trainer {
     reporter_.end_progress();
     spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
     reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
-    if (global_step_ != last_saved_step_) save("signal", epoch_, position_);
-    drain_writes();
+    if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
+    checkpointer_.drain();
     if (comm_) comm_->barrier();
     throw Stopped(sig);
   }
@@ -588,10 +462,8 @@ class Trainer {
   const c10::Device device_;
   const DatasetSplits& data_;
   std::shared_ptr<SegmentedModel> model_;
-  CheckpointStore store_;
   Reporter reporter_;
-  std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
-  CheckpointWriter writer_{store_, config_.checkpoint.async};
+  Checkpointer checkpointer_;
   SampleTrace trace_;
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
   CollectiveStats interval_stats_;
@@ -601,14 +473,8 @@ class Trainer {
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
-  std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
-  int64_t failed_saves_ = 0;
-  bool warned_grace_ = false;
   bool started_ = false;  ///< past the lease, directory and resume checks
-  int64_t last_saved_step_ = 0;  // step 0 needs no checkpoint: resuming from none is fresh
   double lr_ = 0;
-  std::string last_checkpoint_;
-  Clock::time_point last_save_time_ = Clock::now();
   Clock::time_point interval_start_ = Clock::now();
   int64_t interval_samples_ = 0;
   double interval_loss_ = 0, throughput_ = 0;
