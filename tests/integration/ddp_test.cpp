@@ -2,9 +2,7 @@
 // process, two launchers as two nodes, a rank killed mid-run, resume with another world size,
 // and cases.md 13 (a checkpoint rank 0 is still writing).
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gpurun/dist_env.h"
 #include "gpurun/state.h"
 #include "integration/harness.h"
 
@@ -22,18 +21,6 @@ namespace fs = std::filesystem;
 using namespace gpurun::test;
 
 namespace {
-
-/// A port that was free a moment ago.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 /// The pid of the worker with RANK=`rank` among `launcher`'s children; -1 when none.
 pid_t worker_pid(pid_t launcher, int rank) {
@@ -126,7 +113,7 @@ TEST(Ddp, TwoLaunchersAsTwoNodesTrainTogether) {
   const std::string config = write_config(dir, small_config(320, 32, 1));
   Result local = run_gpurun(ddp({config, "--ckpt", dir / "local"}, 2));
   ASSERT_EQ(local.exit_code, 0) << local.err;
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(gpurun::find_free_port());
   auto node = [&](int rank) {
     return start_gpurun({config, "--ckpt", dir / "nodes", "--nproc-per-node", "1", "--nnodes", "2",
                          "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",

@@ -1,9 +1,6 @@
 // Unit tests of collectives.h over a real Gloo process group on 127.0.0.1, two ranks as two
 // threads of this process: cases.md 6 (one all-reduce per optimizer step, not per micro-batch)
 // and 12 (activation checkpointing under DDP), plus the small collectives.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
@@ -22,17 +19,13 @@
 namespace gpurun {
 namespace {
 
-/// A TCP port that was free a moment ago (the kernel's choice for port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+/// Rank `rank` of a 2-rank job on 127.0.0.1:`port`.
+DistEnv rank_env(int rank, int port) {
+  DistEnv env;
+  env.rank = env.local_rank = rank;
+  env.world_size = env.local_world_size = 2;
+  env.master_port = port;
+  return env;
 }
 
 /// Three Linear+ReLU segments and a head: no dropout or BatchNorm (cases.md 6, 12).
@@ -68,11 +61,7 @@ struct RankRun {
 void train_rank(int rank, int port, std::shared_ptr<SegmentedModel> model, const Dataset& data,
                 RankRun& out) {
   try {
-    DistEnv env;
-    env.rank = env.local_rank = rank;
-    env.world_size = env.local_world_size = 2;
-    env.master_port = port;
-    auto comm = Collectives::connect(env, c10::kCPU, 60);
+    auto comm = Collectives::connect(rank_env(rank, port), c10::kCPU, 60);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     const at::Tensor order = epoch_permutation(data.size(), 5, 0);
     const CollectiveStats before = comm->stats();
@@ -116,7 +105,7 @@ void expect_ddp_equals_one_process(bool checkpointing) {
   const std::vector<at::Tensor> expected = train_single(mlp(false), data);
   auto m0 = mlp(checkpointing), m1 = mlp(checkpointing);
   RankRun r0, r1;
-  const int port = free_port();
+  const int port = find_free_port();
   std::thread t0(train_rank, 0, port, m0, std::cref(data), std::ref(r0));
   std::thread t1(train_rank, 1, port, m1, std::cref(data), std::ref(r1));
   t0.join();
@@ -142,18 +131,14 @@ TEST(Collectives, Case12ActivationCheckpointingUnderDdpGivesTheSameGradients) {
 }
 
 TEST(Collectives, BroadcastGatherAllReduceAndBarrier) {
-  const int port = free_port();
+  const int port = find_free_port();
   std::vector<std::string> gathered;
   std::string received, error0, error1;
   std::vector<double> max1, sum0;
   at::Tensor t0 = torch::full({3}, 7.0), t1 = torch::zeros({3});
   auto body = [&](int rank, std::string& error) {
     try {
-      DistEnv env;
-      env.rank = env.local_rank = rank;
-      env.world_size = env.local_world_size = 2;
-      env.master_port = port;
-      auto comm = Collectives::connect(env, c10::kCPU, 60);
+      auto comm = Collectives::connect(rank_env(rank, port), c10::kCPU, 60);
       const std::string b = comm->broadcast(rank == 0 ? "ckpt-e0001-s0000010" : "ignored");
       if (rank == 1) received = b;
       auto g = comm->gather("state of rank " + std::to_string(rank));
@@ -184,7 +169,7 @@ TEST(Collectives, RendezvousWithoutPeersFailsNamingTheAddress) {
   DistEnv env;
   env.rank = 1;
   env.world_size = 2;
-  env.master_port = free_port();  // nobody listens there
+  env.master_port = find_free_port();  // nobody listens there
   try {
     Collectives::connect(env, c10::kCPU, 1.0);
     FAIL() << "connected to nobody";
