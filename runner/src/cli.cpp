@@ -15,7 +15,9 @@
 #include "gpurun/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
+#include "gpurun/export_command.h"
 #include "gpurun/plan_command.h"
+#include "gpurun/plugin_loader.h"
 #include "gpurun/supervisor.h"
 #include "gpurun/status.h"
 
@@ -33,7 +35,8 @@ const char* const kUsage =
     "[run] CONFIG.yaml --ckpt DIR [--resume] [--set KEY=VALUE]... [options]\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
-    "  gpurun status RUN_DIR [--json]";
+    "  gpurun status RUN_DIR [--json]\n"
+    "  gpurun export CKPT_DIR --to FILE";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -58,6 +61,8 @@ cxxopts::Options make_options() {
     ("max-restarts", "run training in a child process and restart it with --resume after a crash, at most N times", cxxopts::value<int>()->default_value("0"), "N")
     ("hang-timeout", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", cxxopts::value<double>()->default_value("0"), "SECONDS")
     ("memory-limit", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator", cxxopts::value<std::string>(), "SIZE");
+  options.add_options("Export")
+    ("to", "export: the file to write the newest complete checkpoint's model to", cxxopts::value<std::string>(), "FILE");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
     ("h,help", "show this help")
@@ -100,7 +105,7 @@ std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
 Command parse_command_line(int argc, const char* const argv[]) {
   cxxopts::Options options = make_options();
   Command cmd;
-  cmd.help = options.help({"Run", "Output"}) + kFooter;
+  cmd.help = options.help({"Run", "Export", "Output"}) + kFooter;
   cxxopts::ParseResult r;
   try {
     r = options.parse(argc, argv);
@@ -129,6 +134,13 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2) usage_error("usage: gpurun status RUN_DIR [--json]");
     cmd.kind = Command::Kind::kStatus;
     cmd.dir = args[1];
+    return cmd;
+  }
+  if (first == "export") {
+    if (args.size() != 2 || !r.count("to")) usage_error("usage: gpurun export CKPT_DIR --to FILE");
+    cmd.kind = Command::Kind::kExport;
+    cmd.dir = args[1];
+    cmd.to = r["to"].as<std::string>();
     return cmd;
   }
   if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
@@ -163,7 +175,7 @@ Command parse_command_line(int argc, const char* const argv[]) {
   return cmd;
 }
 
-int run_command(const Command& cmd, const Registry& registry, std::ostream& out) {
+int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
   switch (cmd.kind) {
     case Command::Kind::kHelp:
       out << cmd.help;
@@ -175,9 +187,13 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
     case Command::Kind::kStatus:
       return status_command(cmd.dir, cmd.json, out);
-    case Command::Kind::kPlan:
-      return plan_command(load_config(cmd.config_path, cmd.overrides), cmd.run.device,
-                          cmd.run.memory_limit, cmd.json, registry, out);
+    case Command::Kind::kExport:
+      return export_command(cmd.dir, cmd.to, out);
+    case Command::Kind::kPlan: {
+      RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      load_configured_plugin(config, registry);
+      return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, out);
+    }
     case Command::Kind::kRun: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       if (!cmd.child_argv.empty()) {
@@ -191,6 +207,7 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
         return supervise(s);
       }
       spdlog::info("{}", format_resolved(config));
+      load_configured_plugin(config, registry);
       train(config, cmd.run, registry);
       return kExitOk;
     }

@@ -20,6 +20,7 @@
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
+#include "gpurun/plugin_loader.h"
 #include "gpurun/lease.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
@@ -74,6 +75,7 @@ class Trainer {
 
   void run() {
     try {
+      model_source_ = describe_model_source(config_);
       take_lease();
       check_directory();
       plan_ = make_plan(config_, session_, /*world_size=*/1, saved_plan());
@@ -185,6 +187,11 @@ class Trainer {
     session_.meter->reset_peak();
     restore_state(*loaded, *model_, *optimizer_);
     const int64_t load_peak = session_.meter->peak_bytes();
+    const std::string changed = compare_model_source(
+        meta.extra.value("model_source", nlohmann::json::object()), model_source_);
+    if (!changed.empty())
+      spdlog::warn("{}; its tensors have the same names and shapes, so training resumes, but "
+                   "the model's code may have changed", changed);
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
@@ -347,6 +354,7 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
+    if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
     // The stall: copying the state to host memory, plus waiting for a write still in flight.
     const auto stall_start = Clock::now();
     writer_.submit(capture_state(*model_, *optimizer_, std::move(meta)));
@@ -426,6 +434,7 @@ class Trainer {
   const c10::Device device_;
   const DatasetSplits& data_;
   std::shared_ptr<SegmentedModel> model_;
+  nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
   CheckpointStore store_;
   Reporter reporter_;
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
