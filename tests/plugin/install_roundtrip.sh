@@ -22,7 +22,7 @@ cmake --build "$work/example" >"$work/build.log"
 plugin=$(ls "$work"/example/libtiny_mlp.so)
 
 # The installed binary finds its libgpurun_core.so through its RPATH, not the build tree's.
-if ldd "$prefix/bin/gpurun" | grep -q "$build/"; then
+if ldd "$prefix/bin/gpurun" | grep -q "$build/runner/"; then
   echo "installed gpurun links into the build tree:"; ldd "$prefix/bin/gpurun"; exit 1
 fi
 
