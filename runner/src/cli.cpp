@@ -15,7 +15,9 @@
 #include "gpurun/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
+#include "gpurun/export_command.h"
 #include "gpurun/plan_command.h"
+#include "gpurun/plugin_loader.h"
 #include "gpurun/supervisor.h"
 #include "gpurun/status.h"
 
@@ -35,7 +37,8 @@ const char* const kUsage =
     "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
-    "  gpurun status RUN_DIR [--json]";
+    "  gpurun status RUN_DIR [--json]\n"
+    "  gpurun export CKPT_DIR --to FILE";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -66,6 +69,8 @@ cxxopts::Options make_options() {
     ("node-rank", "this node's index, 0..nnodes-1", cxxopts::value<int>(), "R")
     ("master-addr", "host of rank 0 (the rendezvous store)", cxxopts::value<std::string>(), "HOST")
     ("master-port", "TCP port of the rendezvous store", cxxopts::value<int>(), "PORT");
+  options.add_options("Export")
+    ("to", "export: the file to write the newest complete checkpoint's model to", cxxopts::value<std::string>(), "FILE");
   options.add_options("Output")
     ("json", "print exactly one JSON object on stdout (ckpt, status)")
     ("h,help", "show this help")
@@ -124,8 +129,10 @@ std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
 /// `gpurun run`: a worker of a distributed job (WORLD_SIZE set by our launcher, torchrun or
 /// Slurm), the launcher of this node's workers (several ranks, or restarts asked for), or a
 /// single process.
-int run_training(const Command& cmd, const Registry& registry) {
+int run_training(const Command& cmd, Registry& registry) {
   RunConfig config = load_config(cmd.config_path, cmd.overrides);
+  // In the launcher too: a plugin that cannot load is refused before any worker starts.
+  load_configured_plugin(config, registry);
   Environment env = current_environment();
   if (slurm_runs_workers(env))
     for (const auto& [key, value] : worker_env_from_slurm(env)) env[key] = value;
@@ -170,7 +177,9 @@ int run_training(const Command& cmd, const Registry& registry) {
 Command parse_command_line(int argc, const char* const argv[]) {
   cxxopts::Options options = make_options();
   Command cmd;
-  cmd.help = options.help({"Run", "Distributed (DDP; under Slurm these come from SLURM_*)", "Output"}) + kFooter;
+  cmd.help = options.help({"Run", "Distributed (DDP; under Slurm these come from SLURM_*)", "Export",
+                           "Output"}) +
+             kFooter;
   cxxopts::ParseResult r;
   try {
     r = options.parse(argc, argv);
@@ -199,6 +208,13 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2) usage_error("usage: gpurun status RUN_DIR [--json]");
     cmd.kind = Command::Kind::kStatus;
     cmd.dir = args[1];
+    return cmd;
+  }
+  if (first == "export") {
+    if (args.size() != 2 || !r.count("to")) usage_error("usage: gpurun export CKPT_DIR --to FILE");
+    cmd.kind = Command::Kind::kExport;
+    cmd.dir = args[1];
+    cmd.to = r["to"].as<std::string>();
     return cmd;
   }
   if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
@@ -240,7 +256,7 @@ Command parse_command_line(int argc, const char* const argv[]) {
   return cmd;
 }
 
-int run_command(const Command& cmd, const Registry& registry, std::ostream& out) {
+int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
   switch (cmd.kind) {
     case Command::Kind::kHelp:
       out << cmd.help;
@@ -252,9 +268,13 @@ int run_command(const Command& cmd, const Registry& registry, std::ostream& out)
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
     case Command::Kind::kStatus:
       return status_command(cmd.dir, cmd.json, out);
-    case Command::Kind::kPlan:
-      return plan_command(load_config(cmd.config_path, cmd.overrides), cmd.run.device,
-                          cmd.run.memory_limit, cmd.json, registry, out);
+    case Command::Kind::kExport:
+      return export_command(cmd.dir, cmd.to, out);
+    case Command::Kind::kPlan: {
+      RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      load_configured_plugin(config, registry);
+      return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, out);
+    }
     case Command::Kind::kRun:
       return run_training(cmd, registry);
   }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <list>
@@ -92,6 +93,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block", kHashed},
     {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},
     {GPURUN_KEY(model, batch_norm), any(), "cnn: BatchNorm after every convolution", kHashed},
+    {GPURUN_KEY(model, plugin), any(), "a plugin .so registering model.name; relative to run.yaml", kHashed},
+    {GPURUN_KEY(model, torchscript), any(), "a TorchScript module file to train; relative to run.yaml", kHashed},
     {GPURUN_KEY(data, name), non_empty(), "registry name of the dataset", kHashed},
     {GPURUN_KEY(data, path), any(), "directory of the dataset's files", kHashed},
     {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
@@ -438,6 +441,7 @@ class Assembly {
       const std::string message = assign(*s.key, s.value, c);
       if (!message.empty()) fail(s.where, message);
     }
+    if (errors_.empty()) check_model_source(c);
     if (errors_.empty()) check_across(c);
     if (!errors_.empty()) throw ConfigError(join(errors_, "\n"));
     return c;
@@ -455,6 +459,32 @@ class Assembly {
            "train.batch_size must be divisible by train.accumulation_steps, got " +
                std::to_string(c.train.batch_size) + " and " +
                std::to_string(c.train.accumulation_steps));
+    }
+  }
+
+  bool is_set(const std::string& name) const {
+    return std::any_of(settings_.begin(), settings_.end(),
+                       [&](const Setting& s) { return s.key->name == name; });
+  }
+
+  /// model.torchscript implies model.name torchscript; model.plugin needs model.name set.
+  void check_model_source(RunConfig& c) {
+    ModelConfig& m = c.model;
+    if (!m.plugin.empty() && !m.torchscript.empty()) {
+      fail(where("model.plugin", "model.torchscript"),
+           "model.plugin and model.torchscript exclude each other; set one");
+    } else if (!m.torchscript.empty()) {
+      if (is_set("model.name") && m.name != "torchscript")
+        fail(where("model.name", "model.torchscript"),
+             "model.torchscript is set, so model.name must be torchscript (or left out), got " +
+                 m.name);
+      m.name = "torchscript";
+    } else if (m.name == "torchscript") {
+      fail(where("model.name", "model.torchscript"),
+           "model.name: torchscript needs model.torchscript: FILE (a torch.jit.script module)");
+    } else if (!m.plugin.empty() && !is_set("model.name")) {
+      fail(where("model.plugin", "model.name"),
+           "model.plugin is set, so model.name must name one of the plugin's models");
     }
   }
 
@@ -574,7 +604,16 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
     std::fclose(file);
   }
   if (err != 0) throw ConfigError("cannot read " + path + ": " + std::strerror(err));
-  return parse_config(text, path, overrides);
+  RunConfig config = parse_config(text, path, overrides);
+  std::error_code ec;
+  config.base_dir = std::filesystem::absolute(path, ec).parent_path().string();
+  return config;
+}
+
+std::string config_path(const RunConfig& config, const std::string& path) {
+  if (path.empty() || config.base_dir.empty() || std::filesystem::path(path).is_absolute())
+    return path;
+  return (std::filesystem::path(config.base_dir) / path).lexically_normal().string();
 }
 
 nlohmann::json config_to_json(const RunConfig& config) {

@@ -15,6 +15,7 @@
 #include "gpurun/memory_meter.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
+#include "gpurun/torchscript.h"
 
 namespace gpurun {
 
@@ -42,7 +43,10 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-  s.model = registry.make_model(config.model, s.data.input_shape, s.data.num_classes);
+  s.model = config.model.torchscript.empty()
+                ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
+                : load_torchscript_model(config_path(config, config.model.torchscript),
+                                         s.data.input_shape, s.data.num_classes);
   s.model->to(s.device);
   // The weights are copied again under the meter, so that they count as device memory, and a
   // model whose weights alone exceed the capacity is refused with what it needs.

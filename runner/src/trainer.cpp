@@ -24,6 +24,7 @@
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
+#include "gpurun/plugin_loader.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
 #include "gpurun/registry.h"
@@ -84,6 +85,7 @@ class Trainer {
 
   void run() {
     try {
+      model_source_ = describe_model_source(config_);
       checkpointer_.claim_directory();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
       std::optional<MemoryPlan> saved;
@@ -204,6 +206,11 @@ class Trainer {
                    "bit-identical to one that kept its world size)",
                    rank_, loaded->info.path, meta.world_size);
     const int64_t load_peak = session_.meter->peak_bytes();
+    const std::string changed = compare_model_source(
+        meta.extra.value("model_source", nlohmann::json::object()), model_source_);
+    if (!changed.empty())
+      spdlog::warn("{}; its tensors have the same names and shapes, so training resumes, but "
+                   "the model's code may have changed", changed);
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
@@ -426,6 +433,7 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
+    if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
     checkpointer_.save(std::move(meta), *model_, *optimizer_);
     interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
   }
@@ -462,6 +470,7 @@ class Trainer {
   const c10::Device device_;
   const DatasetSplits& data_;
   std::shared_ptr<SegmentedModel> model_;
+  nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
   Reporter reporter_;
   Checkpointer checkpointer_;
   SampleTrace trace_;

@@ -409,5 +409,48 @@ TEST(Config, OverrideKeepsTheOtherValuesOfItsSection) {
   EXPECT_EQ(c.train.seed, 9);
   EXPECT_EQ(c.train.threads, 1);
 }
+// --- model.plugin and model.torchscript (issue 6) ----------------------------------------
+
+TEST_F(ConfigFiles, PluginAndTorchScriptPathsResolveAgainstTheConfigsDirectory) {
+  const RunConfig c = load_config(
+      write("run.yaml", "model:\n  plugin: build/../lib/libx.so\n  name: x\n"));
+  EXPECT_EQ(c.model.plugin, "build/../lib/libx.so");  // as written: what config_hash covers
+  EXPECT_EQ(config_path(c, c.model.plugin), dir_ + "/lib/libx.so");
+  EXPECT_EQ(config_path(c, "/abs/libx.so"), "/abs/libx.so");
+  EXPECT_EQ(config_path(c, ""), "");
+  const RunConfig ts = load_config(write("ts.yaml", "model:\n  torchscript: model.pt\n"));
+  EXPECT_EQ(config_path(ts, ts.model.torchscript), dir_ + "/model.pt");
+  // From text (no file), relative paths stay relative to the current directory.
+  EXPECT_EQ(config_path(parse_config("", "x"), "a/b.so"), "a/b.so");
+}
+
+TEST(Config, TorchScriptSetsTheModelName) {
+  const RunConfig c = parse_config("model:\n  torchscript: m.pt\n", "run.yaml");
+  EXPECT_EQ(c.model.name, "torchscript");
+  EXPECT_EQ(parse_config("", "x", {"model.torchscript=m.pt", "model.name=torchscript"}).model.name,
+            "torchscript");
+  EXPECT_TRUE(contains(error_of("model:\n  name: mlp\n  torchscript: m.pt\n"),
+                       "model.name must be torchscript (or left out), got mlp"));
+  EXPECT_TRUE(contains(error_of("model:\n  name: torchscript\n"),
+                       "model.name: torchscript needs model.torchscript: FILE"));
+}
+
+TEST(Config, PluginNeedsAModelNameAndExcludesTorchScript) {
+  EXPECT_TRUE(contains(error_of("model:\n  plugin: libx.so\n"),
+                       "run.yaml:2: model.plugin is set, so model.name must name one of the "
+                       "plugin's models"));
+  EXPECT_TRUE(contains(error_of("model:\n  plugin: libx.so\n  torchscript: m.pt\n"),
+                       "model.plugin and model.torchscript exclude each other"));
+  const RunConfig c = parse_config("model:\n  plugin: libx.so\n  name: tiny\n", "run.yaml");
+  EXPECT_EQ(c.model.name, "tiny");
+  // Both keys change what is learned, and survive the manifest's JSON.
+  EXPECT_NE(config_hash(c), config_hash(parse_config("model:\n  name: tiny\n  plugin: liby.so\n",
+                                                     "run.yaml")));
+  EXPECT_EQ(config_hash(config_from_json(config_to_json(c))), config_hash(c));
+  const auto keys = training_keys();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "model.plugin"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "model.torchscript"), keys.end());
+}
+
 }  // namespace
 }  // namespace gpurun

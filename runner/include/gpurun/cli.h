@@ -14,13 +14,14 @@ namespace gpurun {
 class Registry;
 
 struct Command {
-  enum class Kind { kRun, kPlan, kCkpt, kStatus, kHelp, kVersion };
+  enum class Kind { kRun, kPlan, kCkpt, kStatus, kExport, kHelp, kVersion };
   Kind kind = Kind::kHelp;
   std::string config_path;             ///< run, plan
   std::vector<std::string> overrides;  ///< --set KEY=VALUE, in order (the last wins)
   RunOptions run;                      ///< run
   std::string action;                  ///< ckpt: list | verify | inspect
-  std::string dir;                     ///< ckpt DIR, status RUN_DIR
+  std::string dir;                     ///< ckpt DIR, status RUN_DIR, export CKPT_DIR
+  std::string to;                      ///< export: --to FILE
   bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
   std::string help;                    ///< the --help text
   int max_restarts = 0;                ///< run: restarts after a crash (supervisor.h)
@@ -34,7 +35,8 @@ struct Command {
 Command parse_command_line(int argc, const char* const argv[]);
 
 /// Runs `command`; returns the exit code. Throws what the subcommand throws (main maps it).
-int run_command(const Command& command, const Registry& registry, std::ostream& out);
+/// `registry` holds the built-in models; run and plan add model.plugin's (plugin_loader.h).
+int run_command(const Command& command, Registry& registry, std::ostream& out);
 
 /// Logs to stderr as "gpurun LEVEL message"; GPURUN_LOG_LEVEL=debug|info|warn overrides.
 void setup_logging();

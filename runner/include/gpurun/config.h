@@ -20,6 +20,12 @@ struct ModelConfig {
   std::vector<int64_t> channels{32, 64};  ///< cnn: output channels of each conv block
   double dropout = 0.0;                ///< probability in [0, 1)
   bool batch_norm = false;             ///< cnn: BatchNorm after every convolution
+  /// A plugin .so (plugin.h) registering model.name; relative paths resolve against the
+  /// directory of the run.yaml (config_path()). "": none.
+  std::string plugin;
+  /// A TorchScript module file (torch.jit.script(m).save(...)) trained as the model; relative
+  /// like plugin. Sets model.name to "torchscript". "": none.
+  std::string torchscript;
 };
 
 struct DataConfig {
@@ -98,7 +104,15 @@ struct RunConfig {
   LogConfig log;
   DistributedConfig distributed;
   std::string source;  ///< the file it came from, for messages
+  /// The directory relative paths in the config resolve against (config_path()): the run.yaml's
+  /// directory for load_config, "" (the current directory) otherwise. Not a config key.
+  std::string base_dir;
 };
+
+/// `path` from a config key: unchanged when empty or absolute, otherwise joined to
+/// config.base_dir (the run.yaml's directory), so a config and the files beside it can move
+/// together; --set values are resolved the same way.
+std::string config_path(const RunConfig& config, const std::string& path);
 
 /// Reads `path` and applies `overrides` ("train.epochs=3", later ones win) on top.
 /// Throws ConfigError naming file:line, key and value for an unknown key (with the nearest

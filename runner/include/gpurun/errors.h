@@ -36,6 +36,14 @@ class ResumeError : public Error {
   using Error::Error;
 };
 
+/// A plugin .so that this gpurun cannot use: built for another plugin ABI or LibTorch
+/// version, or lacking an entry point (plugin.h). A ResumeError, so exit 3 (design.md:
+/// "cannot resume ... ABI mismatch"): rebuilding the plugin, not retrying, fixes it.
+class AbiError : public ResumeError {
+ public:
+  using ResumeError::ResumeError;
+};
+
 /// The environment failed: a system call on a path returned an errno. Exit 1 (retried).
 class IoError : public Error {
  public:
