@@ -38,6 +38,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                      const Registry& registry) {
   Session s;
   s.device = resolve_device(device);
+  s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
@@ -116,7 +117,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
       spdlog::warn("device capacity changed ({} -> {}): planning again, global batch kept",
                    format_bytes(saved->capacity_bytes), format_bytes(request.capacity_bytes));
     Prober prober(*session.model, session.data, config.optim, *session.meter,
-                  config.memory.probe_steps, session.device);
+                  config.memory.probe_steps, session.device, session.loss);
     plan = choose_plan(
         request, [&](int64_t m, bool c) { return prober.train(m, c); },
         [&](int64_t b, const MemoryPlan& p) { return prober.eval(b, p); });

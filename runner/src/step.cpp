@@ -1,7 +1,5 @@
 #include "gpurun/step.h"
 
-#include <ATen/ops/cross_entropy_loss.h>
-
 #include <algorithm>
 
 #include "gpurun/dataset.h"
@@ -10,14 +8,14 @@
 namespace gpurun {
 
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
-                            int64_t micro_batch, c10::Device device) {
+                            int64_t micro_batch, c10::Device device, const LossFn& loss_fn) {
   const int64_t window = indices.numel();
   double loss_sum = 0;
   for (int64_t start = 0; start < window; start += micro_batch) {
     const int64_t count = std::min(micro_batch, window - start);
     Batch batch = data.get(indices.narrow(0, start, count));
     at::Tensor logits = model.forward(batch.inputs.to(device));
-    at::Tensor loss = at::cross_entropy_loss(logits, batch.targets.to(device));
+    at::Tensor loss = loss_fn(logits, batch.targets.to(device));
     (loss * (static_cast<double>(count) / window)).backward();
     loss_sum += loss.item<double>() * count;
   }

@@ -1,7 +1,6 @@
 #include "gpurun/trainer.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/cross_entropy_loss.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -21,6 +20,7 @@
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
 #include "gpurun/lease.h"
+#include "gpurun/loss.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
 #include "gpurun/registry.h"
@@ -65,6 +65,7 @@ class Trainer {
   Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry)
       : config_(config),
         options_(options),
+        registry_(registry),
         session_(open_session(config, options.device, options.memory_limit, registry)),
         device_(session_.device),
         data_(session_.data),
@@ -239,6 +240,7 @@ class Trainer {
                               {"eval_accuracy", eval_accuracy},
                               {"peak_bytes", session_.meter->peak_bytes()},
                               {"seconds", seconds}});
+    registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
     save("epoch", epoch_ + 1, 0);
     stop_if_signalled();
   }
@@ -276,18 +278,19 @@ class Trainer {
     torch::NoGradGuard no_grad;
     const int64_t n = data_.eval->size();
     double loss_sum = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, positions = 0;  // accuracy over every target (sample or token)
     for (int64_t start = 0; start < n; start += plan_.eval_batch) {
       const int64_t count = std::min(plan_.eval_batch, n - start);
       reporter_.heartbeat();
       Batch batch = data_.eval->get(at::arange(start, start + count, at::kLong));
       at::Tensor logits = model_->forward(batch.inputs.to(device_));
       at::Tensor targets = batch.targets.to(device_);
-      loss_sum += at::cross_entropy_loss(logits, targets).item<double>() * count;
-      correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
+      loss_sum += session_.loss(logits, targets).item<double>() * count;
+      correct += correct_predictions(logits, targets);
+      positions += targets.numel();
     }
     model_->train();
-    return {n ? loss_sum / n : 0.0, n ? static_cast<double>(correct) / n : 0.0};
+    return {n ? loss_sum / n : 0.0, positions ? static_cast<double>(correct) / positions : 0.0};
   }
 
   void after_step(double loss, int64_t window) {
@@ -347,6 +350,8 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
+    // Decodes the model's outputs without the data (e.g. a text model's characters).
+    if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
     // The stall: copying the state to host memory, plus waiting for a write still in flight.
     const auto stall_start = Clock::now();
     writer_.submit(capture_state(*model_, *optimizer_, std::move(meta)));
@@ -422,6 +427,7 @@ class Trainer {
 
   const RunConfig& config_;
   const RunOptions& options_;
+  const Registry& registry_;
   Session session_;
   const c10::Device device_;
   const DatasetSplits& data_;

@@ -18,7 +18,8 @@ namespace gpurun {
 
 class SegmentedModel : public torch::nn::Module {
  public:
-  /// Input: a batch [N, ...] of float32; output: logits [N, classes].
+  /// Input: a batch [N, ...] (float32 features, or int64 token ids); output: logits
+  /// [N, classes], or [N, T, classes] for one prediction per position (loss.h).
   torch::Tensor forward(torch::Tensor x);
 
   /// Appends a segment (registered as submodule `name`); returns it.
