@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include <spdlog/spdlog.h>
 
@@ -87,9 +88,10 @@ void sample_text(const EpochEnd& e) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char how[48] = "greedy";
+  if (c.temperature > 0) std::snprintf(how, sizeof how, "temperature %g", c.temperature);
   spdlog::info("sample after epoch {} ({}, {:.1f} s; the prompt ends at |):\n{}", e.epoch + 1,
-               c.temperature > 0 ? "temperature " + std::to_string(c.temperature) : "greedy",
-               seconds, text);
+               how, seconds, text);
 }
 
 }  // namespace
