@@ -6,11 +6,11 @@
 // sorted (byte) order over both splits, e.g. setosa=0, versicolor=1, virginica=2, and the
 // names are kept as DatasetSplits::class_names.
 //
-// The reader is a small strict one rather than Debian's libcsv-dev (libcsv 3.0.3, C callbacks,
-// no line numbers, upstream quiet since 2013) or libfccp-dev (fast-cpp-csv-parser: the column
-// count is a template argument, fixed at compile time): a malformed row must be reported with
-// its file:line and what is wrong, and a numeric table needs nothing more than RFC 4180's
-// quoting, which this reader implements completely.
+// The reader is a small strict one rather than Debian's libcsv-dev (libcsv 3.0.3: a C callback
+// API that reports no line numbers, and one more package for every user and Docker image) or
+// libfccp-dev (fast-cpp-csv-parser: the column count is a template argument, fixed at compile
+// time): a malformed row must be reported with its file:line and what is wrong, and a numeric
+// table needs nothing more than RFC 4180's quoting, which this reader implements completely.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_select.h>
