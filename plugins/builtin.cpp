@@ -4,5 +4,6 @@ namespace gpurun {
 void register_builtin_plugins(Registry& registry) {
   register_builtin_models(registry);
   register_builtin_datasets(registry);
+  register_sample_hook(registry);
 }
 }  // namespace gpurun

@@ -1,11 +1,22 @@
-// The built-in models and datasets, registered by name. Registration is an explicit call,
-// not static initialisers, which a linker drops from static libraries.
+// The built-in models, datasets and epoch hooks, registered by name. Registration is an
+// explicit call, not static initialisers, which a linker drops from static libraries.
 #pragma once
 
 namespace gpurun {
 class Registry;
-/// Adds models mlp and cnn (models.cpp) and dataset idx (idx_dataset.cpp) to `registry`.
+/// Adds every built-in below to `registry`.
 void register_builtin_plugins(Registry& registry);
+/// mlp, cnn (models.cpp), resnet (resnet.cpp), gpt (gpt.cpp).
 void register_builtin_models(Registry& registry);
+/// idx (idx_dataset.cpp), csv (csv_dataset.cpp), text (text_dataset.cpp), synthetic
+/// (synthetic_dataset.cpp).
 void register_builtin_datasets(Registry& registry);
+
+void register_resnet_model(Registry& registry);
+void register_gpt_model(Registry& registry);
+void register_csv_dataset(Registry& registry);
+void register_text_dataset(Registry& registry);
+void register_synthetic_dataset(Registry& registry);
+/// The epoch hook "sample": text generated after every epoch (sample_hook.cpp).
+void register_sample_hook(Registry& registry);
 }  // namespace gpurun

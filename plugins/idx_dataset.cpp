@@ -98,6 +98,11 @@ DatasetSplits load_idx(const DataConfig& c) {
 
 }  // namespace
 
-void register_builtin_datasets(Registry& registry) { registry.add_dataset("idx", load_idx); }
+void register_builtin_datasets(Registry& registry) {
+  registry.add_dataset("idx", load_idx);
+  register_csv_dataset(registry);
+  register_text_dataset(registry);
+  register_synthetic_dataset(registry);
+}
 
 }  // namespace gpurun

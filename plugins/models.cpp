@@ -85,6 +85,8 @@ std::shared_ptr<SegmentedModel> make_cnn(const ModelConfig& c, const std::vector
 void register_builtin_models(Registry& registry) {
   registry.add_model("mlp", make_mlp);
   registry.add_model("cnn", make_cnn);
+  register_resnet_model(registry);
+  register_gpt_model(registry);
 }
 
 }  // namespace gpurun

@@ -56,6 +56,7 @@ Limit any() { return {}; }
 Limit at_least(double lo) { return {lo, kInf, false, false, false, false, {}}; }
 Limit above(double lo) { return {lo, kInf, true, false, false, false, {}}; }
 Limit fraction() { return {0, 1, false, true, false, false, {}}; }  // [0, 1)
+Limit open_fraction() { return {0, 1, true, true, false, false, {}}; }  // (0, 1)
 Limit non_empty() { return {-kInf, kInf, false, false, true, false, {}}; }
 Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // non-empty, each >= 1
 Limit one_of(std::vector<std::string> choices) {
@@ -88,17 +89,33 @@ struct Key {
 /// add the member to its struct in config.h and one line here; a new section is new lines.
 const std::vector<Key>& schema() {
   static const std::vector<Key> kSchema = {
-    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, or a plugin's", kHashed},
+    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, or a plugin's", kHashed},
     {GPURUN_KEY(model, hidden), positive_ints(), "mlp: widths of the hidden layers", kHashed},
-    {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block", kHashed},
+    {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block; resnet: of each stage", kHashed},
     {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},
     {GPURUN_KEY(model, batch_norm), any(), "cnn: BatchNorm after every convolution", kHashed},
     {GPURUN_KEY(model, plugin), any(), "a plugin .so registering model.name; relative to run.yaml", kHashed},
     {GPURUN_KEY(model, torchscript), any(), "a TorchScript module file to train; relative to run.yaml", kHashed},
-    {GPURUN_KEY(data, name), non_empty(), "registry name of the dataset", kHashed},
-    {GPURUN_KEY(data, path), any(), "directory of the dataset's files", kHashed},
+    {GPURUN_KEY(model, blocks), positive_ints(), "resnet: residual blocks of each stage", kHashed},
+    {GPURUN_KEY(model, layers), at_least(1), "gpt: transformer blocks", kHashed},
+    {GPURUN_KEY(model, heads), at_least(1), "gpt: attention heads; must divide model.width", kHashed},
+    {GPURUN_KEY(model, width), at_least(1), "gpt: embedding width", kHashed},
+    {GPURUN_KEY(model, context), at_least(0), "gpt: longest sequence; 0: data.context", kHashed},
+    {GPURUN_KEY(data, name), non_empty(), "registry name: idx, csv, text, synthetic, or a plugin's", kHashed},
+    {GPURUN_KEY(data, path), any(), "idx: directory of the files; csv, text: the file", kHashed},
     {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
     {GPURUN_KEY(data, eval_samples), at_least(0), "first N test samples; 0: all", kHashed},
+    {GPURUN_KEY(data, eval_path), any(), "csv, text: evaluation file; empty: split data.path", kHashed},
+    {GPURUN_KEY(data, eval_fraction), open_fraction(), "csv, text, synthetic: share held out for evaluation", kHashed},
+    {GPURUN_KEY(data, label), non_empty(), "csv: label column, name or 0-based index (<0: from the end)", kHashed},
+    {GPURUN_KEY(data, header), any(), "csv: the first row names the columns", kHashed},
+    {GPURUN_KEY(data, delimiter), non_empty(), "csv: one character, or \\t / tab", kHashed},
+    {GPURUN_KEY(data, context), at_least(1), "text: characters per sample", kHashed},
+    {GPURUN_KEY(data, stride), at_least(0), "text: characters between samples; 0: context", kHashed},
+    {GPURUN_KEY(data, samples), at_least(2), "synthetic: samples generated, both splits", kHashed},
+    {GPURUN_KEY(data, shape), positive_ints(), "synthetic: shape of one sample", kHashed},
+    {GPURUN_KEY(data, classes), at_least(2), "synthetic: number of classes", kHashed},
+    {GPURUN_KEY(data, seed), any(), "synthetic: the data; csv: the shuffle before the split", kHashed},
     {GPURUN_KEY(optim, name), one_of({"sgd", "adam", "adamw"}), "optimizer", kHashed},
     {GPURUN_KEY(optim, lr), above(0), "learning rate", kHashed},
     {GPURUN_KEY(optim, momentum), fraction(), "sgd: momentum", kHashed},
@@ -120,6 +137,7 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(train, seed), any(), "seed of weights, shuffling and dropout", kHashed},
     // The manifest records threads on their own; a different count only warns on resume.
     {GPURUN_KEY(train, threads), at_least(0), "intra-op threads; 0: LibTorch's", kNotHashed},
+    {GPURUN_KEY(train, loss), non_empty(), "registry name of the loss: cross_entropy or a plugin's", kHashed},
     {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
     {GPURUN_KEY(checkpoint, every_minutes), at_least(0), "also save every N minutes", kNotHashed},
     {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
@@ -134,6 +152,11 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
     {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
     {GPURUN_KEY(distributed, timeout), above(0), "seconds a rendezvous or collective may wait", kNotHashed},
+    // Sampling runs on a saved-and-restored RNG: it never changes what is learned.
+    {GPURUN_KEY(sample, length), at_least(0), "characters generated after each epoch (token data); 0: off", kNotHashed},
+    {GPURUN_KEY(sample, prompt), any(), "start text; empty: the evaluation text's first characters", kNotHashed},
+    {GPURUN_KEY(sample, temperature), at_least(0), "0: greedy; > 0: sample softmax(logits / T)", kNotHashed},
+    {GPURUN_KEY(sample, seed), any(), "seed of the sampling generator", kNotHashed},
   };
   return kSchema;
 }
@@ -460,6 +483,51 @@ class Assembly {
                std::to_string(c.train.batch_size) + " and " +
                std::to_string(c.train.accumulation_steps));
     }
+    check_models_and_data(c);
+  }
+
+  /// Rules between the built-in models' and datasets' keys (a plugin's are its own business).
+  void check_models_and_data(const RunConfig& c) {
+    const ModelConfig& m = c.model;
+    const DataConfig& d = c.data;
+    if (m.name == "resnet" && m.blocks.size() != m.channels.size()) {
+      fail(where("model.blocks", "model.channels"),
+           "model.blocks must have one entry per stage of model.channels, got " +
+               std::to_string(m.blocks.size()) + " and " + std::to_string(m.channels.size()));
+    }
+    if (m.name == "gpt" && m.width % m.heads != 0) {
+      fail(where("model.width", "model.heads"),
+           "model.width must be divisible by model.heads, got " + std::to_string(m.width) +
+               " and " + std::to_string(m.heads));
+    }
+    if (m.name == "gpt" && d.name == "text" && m.context != 0 && m.context < d.context) {
+      fail(where("model.context", "data.context"),
+           "model.context " + std::to_string(m.context) + " is shorter than data.context " +
+               std::to_string(d.context) + ", the length of every sample; use at least " +
+               std::to_string(d.context) + ", or 0 for data.context");
+    }
+    const bool builtin_data = d.name == "idx" || d.name == "csv" || d.name == "synthetic";
+    const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
+    if (d.name == "text" && feature_model) {
+      fail(where("model.name", "data.name"),
+           "model.name " + m.name + " takes float features, but data.name text gives "
+           "character ids; use model.name gpt");
+    } else if (m.name == "gpt" && builtin_data) {
+      fail(where("model.name", "data.name"),
+           "model.name gpt takes token ids, but data.name " + d.name +
+               " gives float features; use data.name text");
+    }
+    if (d.name == "csv") {
+      if (d.delimiter.size() != 1 && d.delimiter != "\\t" && d.delimiter != "tab") {
+        fail(where("data.delimiter", "data.delimiter"),
+             "data.delimiter must be one character, \\t or tab, got " + json(d.delimiter).dump());
+      }
+      if (!d.header && !parse_column_index(d.label)) {
+        fail(where("data.label", "data.header"),
+             "data.label " + json(d.label).dump() +
+                 " names a column, but data.header is false; give a 0-based column index");
+      }
+    }
   }
 
   bool is_set(const std::string& name) const {
@@ -745,6 +813,19 @@ std::string format_bytes(int64_t bytes) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
   return buf;
+}
+
+std::optional<int64_t> parse_column_index(const std::string& label) {
+  int64_t index = 0;
+  const char* end = label.data() + label.size();
+  const auto [ptr, ec] = std::from_chars(label.data(), end, index);
+  if (label.empty() || ec != std::errc() || ptr != end) return std::nullopt;
+  return index;
+}
+
+char delimiter_char(const std::string& delimiter) {
+  if (delimiter == "\\t" || delimiter == "tab") return '\t';
+  return delimiter.empty() ? ',' : delimiter[0];
 }
 
 }  // namespace gpurun

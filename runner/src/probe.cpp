@@ -113,8 +113,14 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
 }
 
 Prober::Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-               MemoryMeter& meter, int64_t steps, c10::Device device)
-    : model_(model), data_(data), optim_(optim), meter_(meter), steps_(steps), device_(device) {}
+               MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss)
+    : model_(model),
+      data_(data),
+      optim_(optim),
+      meter_(meter),
+      steps_(steps),
+      device_(device),
+      loss_(std::move(loss)) {}
 
 Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   Probe probe;
@@ -132,7 +138,7 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
     for (int64_t step = 0; step < steps_; ++step) {
       const auto start = std::chrono::steady_clock::now();
       optimizer->zero_grad();
-      accumulate_gradients(model_, *data_.train, indices, micro_batch, device_);
+      accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
       optimizer->step();
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -164,7 +170,7 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
     optimizer->zero_grad();
     accumulate_gradients(model_, *data_.train,
                          first_samples(train_plan.micro_batch, data_.train->size()),
-                         train_plan.micro_batch, device_);
+                         train_plan.micro_batch, device_, 0, loss_);
     optimizer->step();
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();

@@ -1,8 +1,17 @@
 #include "gpurun/registry.h"
 
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 
+#include <spdlog/spdlog.h>
+
 #include "gpurun/errors.h"
+#include "gpurun/model.h"
 
 namespace gpurun {
 
@@ -29,7 +38,28 @@ const typename Map::mapped_type& find_or_throw(const Map& map, const std::string
                       "\"; registered: " + joined(keys_of(map)));
   return it->second;
 }
+
+/// For its lifetime keeps `generator`'s state; then puts it back.
+class KeepRng {
+ public:
+  explicit KeepRng(at::Generator generator) : generator_(std::move(generator)) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    state_ = generator_.get_state();
+  }
+  ~KeepRng() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state_);
+  }
+  KeepRng(const KeepRng&) = delete;
+  KeepRng& operator=(const KeepRng&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor state_;
+};
 }  // namespace
+
+Registry::Registry() { add_loss("cross_entropy", cross_entropy); }
 
 void Registry::add_model(const std::string& name, ModelFactory factory) {
   if (!models_.emplace(name, std::move(factory)).second)
@@ -39,6 +69,16 @@ void Registry::add_model(const std::string& name, ModelFactory factory) {
 void Registry::add_dataset(const std::string& name, DatasetFactory factory) {
   if (!datasets_.emplace(name, std::move(factory)).second)
     throw std::logic_error("dataset \"" + name + "\" is registered twice");
+}
+
+void Registry::add_loss(const std::string& name, LossFn loss) {
+  if (!losses_.emplace(name, std::move(loss)).second)
+    throw std::logic_error("loss \"" + name + "\" is registered twice");
+}
+
+void Registry::add_epoch_hook(const std::string& name, EpochHook hook) {
+  if (!epoch_hooks_.emplace(name, std::move(hook)).second)
+    throw std::logic_error("epoch hook \"" + name + "\" is registered twice");
 }
 
 std::shared_ptr<SegmentedModel> Registry::make_model(const ModelConfig& config,
@@ -51,7 +91,34 @@ DatasetSplits Registry::make_dataset(const DataConfig& config) const {
   return find_or_throw(datasets_, config.name, "data.name")(config);
 }
 
+LossFn Registry::make_loss(const std::string& name) const {
+  return find_or_throw(losses_, name, "train.loss");
+}
+
+void Registry::run_epoch_hooks(const EpochEnd& end) const {
+  if (epoch_hooks_.empty()) return;
+  KeepRng cpu_rng(at::detail::getDefaultCPUGenerator());
+  std::optional<KeepRng> device_rng;
+  if (!end.device.is_cpu()) device_rng.emplace(at::globalContext().defaultGenerator(end.device));
+  const bool was_training = end.model.is_training();
+  end.model.eval();
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, hook] : epoch_hooks_) {
+      try {
+        hook(end);
+      } catch (const std::exception& e) {
+        spdlog::error("epoch hook {} failed after epoch {}: {}; training goes on", name,
+                      end.epoch + 1, e.what());
+      }
+    }
+  }
+  if (was_training) end.model.train();
+}
+
 std::vector<std::string> Registry::model_names() const { return keys_of(models_); }
 std::vector<std::string> Registry::dataset_names() const { return keys_of(datasets_); }
+std::vector<std::string> Registry::loss_names() const { return keys_of(losses_); }
+std::vector<std::string> Registry::epoch_hook_names() const { return keys_of(epoch_hooks_); }
 
 }  // namespace gpurun

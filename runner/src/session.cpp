@@ -40,6 +40,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                      const Registry& registry, int local_rank) {
   Session s;
   s.device = resolve_device(device, local_rank);
+  s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
@@ -127,7 +128,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
       spdlog::info("world size changed ({} -> {}): planning again, global batch {} kept",
                    saved->world_size, world_size, request.global_batch);
     Prober prober(*session.model, session.data, config.optim, *session.meter,
-                  config.memory.probe_steps, session.device);
+                  config.memory.probe_steps, session.device, session.loss);
     plan = choose_plan(
         request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
         [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); });

@@ -1,7 +1,5 @@
 #include "gpurun/step.h"
 
-#include <ATen/ops/cross_entropy_loss.h>
-
 #include <algorithm>
 
 #include "gpurun/dataset.h"
@@ -10,7 +8,8 @@
 namespace gpurun {
 
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
-                            int64_t micro_batch, c10::Device device, int64_t window) {
+                            int64_t micro_batch, c10::Device device, int64_t window,
+                            const LossFn& loss_fn) {
   const int64_t shard = indices.numel();
   if (window <= 0) window = shard;
   double loss_sum = 0;
@@ -18,7 +17,7 @@ double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at
     const int64_t count = std::min(micro_batch, shard - start);
     Batch batch = data.get(indices.narrow(0, start, count));
     at::Tensor logits = model.forward(batch.inputs.to(device));
-    at::Tensor loss = at::cross_entropy_loss(logits, batch.targets.to(device));
+    at::Tensor loss = loss_fn(logits, batch.targets.to(device));
     (loss * (static_cast<double>(count) / window)).backward();
     loss_sum += loss.item<double>() * count;
   }

@@ -1,7 +1,6 @@
 #include "gpurun/trainer.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/cross_entropy_loss.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -24,6 +23,7 @@
 #include "gpurun/fs.h"
 #include "gpurun/model.h"
 #include "gpurun/optim.h"
+#include "gpurun/loss.h"
 #include "gpurun/plugin_loader.h"
 #include "gpurun/memory_meter.h"
 #include "gpurun/memory_plan.h"
@@ -71,6 +71,7 @@ class Trainer {
           std::unique_ptr<Collectives> comm)
       : config_(config),
         options_(options),
+        registry_(registry),
         comm_(std::move(comm)),
         rank_(comm_ ? comm_->rank() : 0),
         world_(comm_ ? comm_->world_size() : 1),
@@ -185,7 +186,9 @@ class Trainer {
       return;
     }
     const CheckpointMeta& meta = loaded->meta;
-    if (meta.config_hash != config_hash(config_)) {
+    // Recomputed from the saved config, so that a key added by a later gpurun (read back with
+    // its default) does not make an older checkpoint look like another run.
+    if (config_hash(config_from_json(meta.config)) != config_hash(config_)) {
       std::string keys;
       for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
         keys += "\n  " + k;
@@ -275,6 +278,8 @@ class Trainer {
                               {"eval_accuracy", eval_accuracy},
                               {"peak_bytes", session_.meter->peak_bytes()},
                               {"seconds", seconds}});
+    // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
+    if (rank_ == 0) registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
     save("epoch", epoch_ + 1, 0);
     stop_if_signalled();
   }
@@ -293,7 +298,7 @@ class Trainer {
       bool out_of_memory = false;
       try {
         loss = accumulate_gradients(*model_, *data_.train, shard, plan_.micro_batch, device_,
-                                    window);
+                                    window, session_.loss);
       } catch (const c10::OutOfMemoryError& e) {
         if (!comm_) {
           shrink_after_oom();
@@ -348,23 +353,25 @@ class Trainer {
     const at::Tensor mine = at::arange(rank_, n, world_, at::kLong);
     const int64_t m = mine.numel();
     double loss_sum = 0;
-    double correct = 0;
+    double correct = 0, positions = 0;  // accuracy over every target (sample or token)
     for (int64_t start = 0; start < m; start += plan_.eval_batch) {
       const int64_t count = std::min(plan_.eval_batch, m - start);
       reporter_.heartbeat(global_step_);
       Batch batch = data_.eval->get(mine.narrow(0, start, count));
       at::Tensor logits = model_->forward(batch.inputs.to(device_));
       at::Tensor targets = batch.targets.to(device_);
-      loss_sum += at::cross_entropy_loss(logits, targets).item<double>() * count;
-      correct += static_cast<double>(logits.argmax(1).eq(targets).sum().item<int64_t>());
+      loss_sum += session_.loss(logits, targets).item<double>() * count;
+      correct += static_cast<double>(correct_predictions(logits, targets));
+      positions += static_cast<double>(targets.numel());
     }
     model_->train();
     if (comm_) {
-      const auto sums = comm_->all_reduce({loss_sum, correct}, Collectives::Op::kSum);
+      const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
       loss_sum = sums[0];
       correct = sums[1];
+      positions = sums[2];
     }
-    return {n ? loss_sum / n : 0.0, n ? correct / n : 0.0};
+    return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
   }
 
   void after_step(double loss, int64_t window) {
@@ -434,6 +441,8 @@ class Trainer {
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
     if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
+    // Decodes the model's outputs without the data (e.g. a text model's characters).
+    if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
     checkpointer_.save(std::move(meta), *model_, *optimizer_);
     interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
   }
@@ -464,6 +473,7 @@ class Trainer {
 
   const RunConfig& config_;
   const RunOptions& options_;
+  const Registry& registry_;
   std::unique_ptr<Collectives> comm_;  ///< null for a single process
   const int rank_, world_;
   Session session_;

@@ -454,3 +454,51 @@ TEST(Config, PluginNeedsAModelNameAndExcludesTorchScript) {
 
 }  // namespace
 }  // namespace gpurun
+
+namespace gpurun {
+namespace {
+
+// Rules between the keys of the built-in models and datasets (issue 6).
+TEST(Config, ModelAndDataRulesNameKeysValuesAndLines) {
+  std::string msg = error_of("model:\n  name: gpt\n  width: 100\n  heads: 3\ndata:\n  name: text\n");
+  EXPECT_TRUE(contains(msg, "run.yaml:3"));
+  EXPECT_TRUE(contains(msg, "model.width must be divisible by model.heads, got 100 and 3"));
+
+  msg = error_of("model: {name: gpt, context: 32}\ndata: {name: text, context: 64}\n");
+  EXPECT_TRUE(contains(msg, "model.context 32 is shorter than data.context 64"));
+
+  msg = error_of("model: {name: resnet, channels: [8, 16, 32]}\n");
+  EXPECT_TRUE(contains(msg, "model.blocks must have one entry per stage of model.channels, got 2 and 3"));
+
+  msg = error_of("model: {name: mlp}\ndata: {name: text}\n");
+  EXPECT_TRUE(contains(msg, "model.name mlp takes float features"));
+  msg = error_of("model: {name: gpt}\ndata: {name: synthetic}\n");
+  EXPECT_TRUE(contains(msg, "use data.name text"));
+
+  msg = error_of("data: {name: csv, delimiter: ';;'}\n");
+  EXPECT_TRUE(contains(msg, "data.delimiter must be one character"));
+  msg = error_of("data: {name: csv, header: false, label: species}\n");
+  EXPECT_TRUE(contains(msg, "data.label \"species\" names a column, but data.header is false"));
+  msg = error_of("data: {eval_fraction: 0}\n");
+  EXPECT_TRUE(contains(msg, "data.eval_fraction must be in (0, 1), got 0"));  // 0 or 0.0
+
+  const RunConfig ok = parse_config(
+      "model: {name: gpt, context: 128}\ndata: {name: text, context: 64}\n"
+      "sample: {prompt: 'And God said', temperature: 0.8}\n", "r");
+  EXPECT_EQ(ok.sample.prompt, "And God said");
+  EXPECT_EQ(ok.sample.length, 200);
+  EXPECT_EQ(delimiter_char("\\t"), '\t');
+  EXPECT_EQ(delimiter_char("tab"), '\t');
+  EXPECT_EQ(delimiter_char(";"), ';');
+  EXPECT_EQ(parse_column_index("-1"), -1);
+  EXPECT_EQ(parse_column_index("species"), std::nullopt);
+}
+
+TEST(Config, SampleKeysAreNotHashedAndTheLossIs) {
+  const RunConfig base = parse_config("", "r");
+  EXPECT_EQ(config_hash(base), config_hash(parse_config("sample: {length: 0, seed: 4}\n", "r")));
+  EXPECT_NE(config_hash(base), config_hash(parse_config("train: {loss: hinge}\n", "r")));
+}
+
+}  // namespace
+}  // namespace gpurun

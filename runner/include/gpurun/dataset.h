@@ -11,7 +11,9 @@
 
 namespace gpurun {
 
-/// One batch: inputs [B, ...] float32 ready for the model, targets [B] int64 class indices.
+/// One batch: inputs [B, ...] ready for the model (float32 features, or int64 token ids for
+/// sequence models), targets int64 class indices: [B] for one class per sample, or [B, T]
+/// for one per position (e.g. the next character of text; see loss.h).
 struct Batch {
   at::Tensor inputs;
   at::Tensor targets;
@@ -28,7 +30,7 @@ class Dataset {
 
 /// A dataset from tensors already in host memory. `inputs` [N, ...] of any dtype is
 /// converted per batch by `transform` (e.g. uint8 pixels to normalised float32), which keeps
-/// the resident copy small; `targets` [N] int64.
+/// the resident copy small; `targets` [N, ...] int64.
 class TensorDataset : public Dataset {
  public:
   using Transform = std::function<at::Tensor(const at::Tensor&)>;
@@ -45,8 +47,12 @@ class TensorDataset : public Dataset {
 struct DatasetSplits {
   std::shared_ptr<Dataset> train;
   std::shared_ptr<Dataset> eval;
-  std::vector<int64_t> input_shape;  ///< shape of one sample, e.g. {1, 28, 28}
-  int64_t num_classes = 0;
+  std::vector<int64_t> input_shape;  ///< shape of one sample, e.g. {1, 28, 28}; text: {context}
+  int64_t num_classes = 0;           ///< classes; for token data the vocabulary size
+  /// The text of each class index when it has one, else empty: csv's string labels, or text's
+  /// characters (token i decodes to class_names[i], one UTF-8 code point). Saved in every
+  /// checkpoint's manifest (extra.class_names) so outputs decode without the data.
+  std::vector<std::string> class_names;
 };
 
 /// The order of epoch `epoch`'s samples: a permutation of [0, n) drawn from a generator

@@ -18,10 +18,11 @@ namespace gpurun {
 
 class SegmentedModel : public torch::nn::Module {
  public:
-  /// Input: a batch [N, ...] of float32; output: logits [N, classes]. Runs the segments in
-  /// order. A subclass may override it for a model that is not a chain of segments (the
-  /// TorchScript adapter, torchscript.h); such a model has no segments, so the planner never
-  /// chooses activation checkpointing for it.
+  /// Input: a batch [N, ...] (float32 features, or int64 token ids); output: logits
+  /// [N, classes], or [N, T, classes] for one prediction per position (loss.h). Runs the
+  /// segments in order. A subclass may override it for a model that is not a chain of
+  /// segments (the TorchScript adapter, torchscript.h); such a model has no segments, so the
+  /// planner never chooses activation checkpointing for it.
   virtual torch::Tensor forward(torch::Tensor x);
 
   /// Appends a segment (registered as submodule `name`); returns it.

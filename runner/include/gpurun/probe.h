@@ -12,6 +12,7 @@
 
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
+#include "gpurun/loss.h"
 #include "gpurun/memory_plan.h"
 
 namespace gpurun {
@@ -43,8 +44,9 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
 class Prober {
  public:
   /// `meter` must have been installed before `model` was built, so that its parameters count.
+  /// `loss`: the run's training loss (train.loss).
   Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-         MemoryMeter& meter, int64_t steps, c10::Device device);
+         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss = cross_entropy);
 
   /// `steps` training steps at `micro_batch` (samples 0.. of the training split), with or
   /// without activation checkpointing. A c10::OutOfMemoryError is caught and reported as
@@ -62,6 +64,7 @@ class Prober {
   MemoryMeter& meter_;
   int64_t steps_;
   c10::Device device_;
+  LossFn loss_;
 };
 
 }  // namespace gpurun

@@ -1,5 +1,5 @@
-// Name -> factory registries for models and datasets (built-ins in plugins/, user plugins
-// later through one extern "C" entry point).
+// Name -> factory registries for models, datasets and losses, and the hooks run at the end of
+// every epoch (built-ins in plugins/, user plugins later through one extern "C" entry point).
 #pragma once
 
 #include <functional>
@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
+#include "gpurun/loss.h"
 
 namespace gpurun {
 
@@ -21,24 +24,58 @@ using ModelFactory = std::function<std::shared_ptr<SegmentedModel>(
 /// Loads both splits of a dataset. Throws ConfigError for a bad path or file.
 using DatasetFactory = std::function<DatasetSplits(const DataConfig& config)>;
 
+/// What an epoch-end hook sees: the run's config, the model (in eval mode, grad disabled),
+/// both data splits, the device, and the epoch just finished (0-based) with the optimizer
+/// steps done so far.
+struct EpochEnd {
+  const RunConfig& config;
+  SegmentedModel& model;
+  const DatasetSplits& data;
+  c10::Device device;
+  int64_t epoch;
+  int64_t global_step;
+};
+/// Runs after each epoch's evaluation, before its checkpoint (e.g. prints a generated
+/// sample). A hook decides itself whether it applies to the run (by config, data, model).
+using EpochHook = std::function<void(const EpochEnd& end)>;
+
 class Registry {
  public:
+  /// Holds the built-in loss "cross_entropy" (loss.h).
+  Registry();
+
   /// Throws std::logic_error when `name` is already registered.
   void add_model(const std::string& name, ModelFactory factory);
   void add_dataset(const std::string& name, DatasetFactory factory);
+  void add_loss(const std::string& name, LossFn loss);
+  void add_epoch_hook(const std::string& name, EpochHook hook);
 
   /// Throw ConfigError naming the unknown name and the registered ones.
   std::shared_ptr<SegmentedModel> make_model(const ModelConfig& config,
                                              const std::vector<int64_t>& input_shape,
                                              int64_t num_classes) const;
   DatasetSplits make_dataset(const DataConfig& config) const;
+  /// The loss named `name` (train.loss).
+  LossFn make_loss(const std::string& name) const;
+
+  /// Runs every epoch hook, in name order, with `end.model` in eval mode under NoGradGuard,
+  /// and puts it back in training mode afterwards. The default CPU generator (and that of
+  /// `end.device` when it is not the CPU) is saved before and restored after, so a hook that
+  /// draws random numbers leaves the training RNG stream, hence exact resume, untouched. A
+  /// hook that throws std::exception is logged as an error and training goes on (the sample
+  /// of an epoch is not worth a lost run).
+  void run_epoch_hooks(const EpochEnd& end) const;
 
   std::vector<std::string> model_names() const;
   std::vector<std::string> dataset_names() const;
+  std::vector<std::string> loss_names() const;
+  std::vector<std::string> epoch_hook_names() const;
 
  private:
   std::map<std::string, ModelFactory> models_;
   std::map<std::string, DatasetFactory> datasets_;
+  std::map<std::string, LossFn> losses_;
+  std::map<std::string, EpochHook> epoch_hooks_;
 };
 
 }  // namespace gpurun

@@ -12,6 +12,7 @@
 
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
+#include "gpurun/loss.h"
 #include "gpurun/memory_plan.h"
 #include "gpurun/probe.h"
 
@@ -26,6 +27,7 @@ struct Session {
   DatasetSplits data;
   std::unique_ptr<MemoryMeter> meter;  ///< installed before the model, so its tensors count
   std::shared_ptr<SegmentedModel> model;
+  LossFn loss;  ///< train.loss from the registry
 };
 
 /// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
@@ -46,8 +48,8 @@ struct PlanAgreement {
 };
 
 /// Sets the thread count and seed, loads the data (not metered: host-resident data sets are
-/// not device memory), installs the meter, builds the model on the device.
-/// Throws ConfigError for a bad device, dataset or model.
+/// not device memory), installs the meter, builds the model on the device, looks up the loss.
+/// Throws ConfigError for a bad device, dataset, model or loss.
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0);
 

@@ -1,0 +1,162 @@
+// The `gpt` model: a decoder-only transformer (Radford et al. 2018, "Improving Language
+// Understanding by Generative Pre-Training"; 2019, "Language Models are Unsupervised
+// Multitask Learners" for the pre-LayerNorm blocks and the initialisation).
+//
+// ids [B, T] -> token + learned position embeddings -> model.layers blocks of
+//   x = x + attention(LayerNorm(x));  x = x + MLP(LayerNorm(x))
+// -> LayerNorm -> linear head -> logits [B, T, vocabulary], position t seeing tokens 0..t only.
+// Attention is causal multi-head scaled dot-product attention (Vaswani et al. 2017,
+// "Attention Is All You Need", eq. 1); the MLP is width -> 4 width -> GELU -> width. Linear and
+// embedding weights start N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 layers))
+// (GPT-2, section 2.3). The head is not tied to the token embedding: tying would share one
+// parameter between two activation-checkpointing segments.
+//
+// Segments: "embed", "block0".."blockN-1" (one transformer block each), "head".
+#include <ATen/ops/arange.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+#include <limits>
+
+#include "builtin.h"
+#include "gpurun/errors.h"
+#include "gpurun/model.h"
+#include "gpurun/registry.h"
+
+namespace gpurun {
+namespace {
+
+namespace nn = torch::nn;
+
+constexpr double kInitStd = 0.02;
+
+nn::Linear linear(int64_t in, int64_t out, double std = kInitStd, bool bias = true) {
+  nn::Linear l(nn::LinearOptions(in, out).bias(bias));
+  nn::init::normal_(l->weight, 0.0, std);
+  if (bias) nn::init::zeros_(l->bias);
+  return l;
+}
+
+/// ids [B, T] int64 (floating ids are truncated: the memory estimator probes with zeros)
+/// -> token embedding + position embedding, dropout: [B, T, width]. T <= context.
+class EmbeddingImpl : public nn::Module {
+ public:
+  EmbeddingImpl(int64_t vocabulary, int64_t context, int64_t width, double dropout)
+      : tokens_(register_module("tokens", nn::Embedding(vocabulary, width))),
+        positions_(register_module("positions", nn::Embedding(context, width))),
+        dropout_(register_module("dropout", nn::Dropout(dropout))) {
+    nn::init::normal_(tokens_->weight, 0.0, kInitStd);
+    nn::init::normal_(positions_->weight, 0.0, kInitStd);
+  }
+
+  torch::Tensor forward(torch::Tensor ids) {
+    if (ids.is_floating_point()) ids = ids.to(torch::kLong);
+    TORCH_CHECK(ids.dim() == 2, "gpt: expected token ids [batch, time], got ", ids.sizes());
+    const int64_t time = ids.size(1), context = positions_->weight.size(0);
+    TORCH_CHECK(time <= context, "gpt: a sequence of ", time, " tokens is longer than the ",
+                context, " positions of model.context");
+    torch::Tensor where = at::arange(time, ids.options().dtype(torch::kLong));
+    return dropout_(tokens_(ids) + positions_(where));
+  }
+
+ private:
+  nn::Embedding tokens_, positions_;
+  nn::Dropout dropout_;
+};
+TORCH_MODULE(Embedding);
+
+/// Causal multi-head self-attention: x [B, T, width] -> [B, T, width]. Scores
+/// softmax(Q K^T / sqrt(d)) with every future position (key after query) masked to -inf.
+class CausalSelfAttentionImpl : public nn::Module {
+ public:
+  CausalSelfAttentionImpl(int64_t width, int64_t heads, double dropout, double projection_std)
+      : heads_(heads),
+        qkv_(register_module("qkv", linear(width, 3 * width))),
+        projection_(register_module("projection", linear(width, width, projection_std))),
+        attention_dropout_(register_module("attention_dropout", nn::Dropout(dropout))),
+        residual_dropout_(register_module("residual_dropout", nn::Dropout(dropout))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
+    const int64_t head_width = width / heads_;
+    // [B, T, 3 width] -> [3, B, heads, T, head width]
+    torch::Tensor qkv = qkv_(x).view({batch, time, 3, heads_, head_width}).permute({2, 0, 3, 1, 4});
+    torch::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    torch::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(head_width));
+    torch::Tensor future = at::ones({time, time}, x.options().dtype(torch::kBool)).triu_(1);
+    scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
+    torch::Tensor attention = attention_dropout_(scores.softmax(-1));
+    torch::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({batch, time, width});
+    return residual_dropout_(projection_(y));
+  }
+
+ private:
+  int64_t heads_;
+  nn::Linear qkv_, projection_;
+  nn::Dropout attention_dropout_, residual_dropout_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// Pre-LayerNorm transformer block: [B, T, width] -> [B, T, width].
+class BlockImpl : public nn::Module {
+ public:
+  BlockImpl(int64_t width, int64_t heads, double dropout, double projection_std)
+      : norm1_(register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({width})))),
+        attention_(register_module("attention",
+                                   CausalSelfAttention(width, heads, dropout, projection_std))),
+        norm2_(register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({width})))),
+        expand_(register_module("expand", linear(width, 4 * width))),
+        contract_(register_module("contract", linear(4 * width, width, projection_std))),
+        gelu_(register_module("gelu", nn::GELU())),
+        dropout_(register_module("dropout", nn::Dropout(dropout))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attention_(norm1_(x));
+    return x + dropout_(contract_(gelu_(expand_(norm2_(x)))));
+  }
+
+ private:
+  nn::LayerNorm norm1_;
+  CausalSelfAttention attention_;
+  nn::LayerNorm norm2_;
+  nn::Linear expand_, contract_;
+  nn::GELU gelu_;
+  nn::Dropout dropout_;
+};
+TORCH_MODULE(Block);
+
+std::shared_ptr<SegmentedModel> make_gpt(const ModelConfig& c, const std::vector<int64_t>& shape,
+                                         int64_t vocabulary) {
+  if (shape.size() != 1)
+    throw ConfigError("model gpt needs token sequences [time] (data.name text); the dataset gives "
+                      "samples of " + std::to_string(shape.size()) + " dimensions");
+  if (c.width % c.heads != 0)
+    throw ConfigError("model.width must be divisible by model.heads, got " +
+                      std::to_string(c.width) + " and " + std::to_string(c.heads));
+  const int64_t context = c.context > 0 ? c.context : shape[0];
+  if (context < shape[0])
+    throw ConfigError("model.context " + std::to_string(c.context) + " is shorter than the " +
+                      std::to_string(shape[0]) + " tokens of every sample (data.context)");
+  const double projection_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));
+  auto model = std::make_shared<SegmentedModel>();
+  model->add_segment("embed", nn::Sequential(Embedding(vocabulary, context, c.width, c.dropout)));
+  for (int64_t i = 0; i < c.layers; ++i)
+    model->add_segment("block" + std::to_string(i),
+                       nn::Sequential(Block(c.width, c.heads, c.dropout, projection_std)));
+  model->add_segment("head", nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({c.width})),
+                                            linear(c.width, vocabulary, kInitStd, /*bias=*/false)));
+  return model;
+}
+
+}  // namespace
+
+void register_gpt_model(Registry& registry) { registry.add_model("gpt", make_gpt); }
+
+}  // namespace gpurun
