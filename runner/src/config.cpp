@@ -26,142 +26,21 @@
 
 #include "gpurun/errors.h"
 #include "gpurun/hash.h"
+#include "config_schema.h"
+#include "suggest.h"
 
 namespace gpurun {
 namespace {
 
 using json = nlohmann::json;
+using detail::Field;
+using detail::Key;
+using detail::Limit;
+using detail::schema;
+using detail::edit_distance;
+using detail::extends;
+using detail::tolerance;
 
-/// Where a key's value lives in RunConfig; the alternative held is the key's type.
-using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-/// What a key accepts beyond its type. Bounds apply to ints, floats and every element of an
-/// int list; `choices` to strings; `size` marks a SIZE string (parse_size) or one of `choices`.
-struct Limit {
-  double lo = -kInf, hi = kInf;
-  bool lo_open = false, hi_open = false;
-  bool non_empty = false;  ///< strings and lists
-  bool size = false;
-  std::vector<std::string> choices;
-
-  bool admits(double v) const {
-    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-  }
-  std::string describe() const;
-};
-
-Limit any() { return {}; }
-Limit at_least(double lo) { return {lo, kInf, false, false, false, false, {}}; }
-Limit above(double lo) { return {lo, kInf, true, false, false, false, {}}; }
-Limit fraction() { return {0, 1, false, true, false, false, {}}; }  // [0, 1)
-Limit open_fraction() { return {0, 1, true, true, false, false, {}}; }  // (0, 1)
-Limit non_empty() { return {-kInf, kInf, false, false, true, false, {}}; }
-Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // non-empty, each >= 1
-Limit one_of(std::vector<std::string> choices) {
-  return {-kInf, kInf, false, false, true, false, std::move(choices)};
-}
-/// A SIZE key (e.g. memory.capacity: "24GiB" or "auto").
-Limit size_or(std::vector<std::string> words) {
-  Limit l = one_of(std::move(words));
-  l.size = true;
-  return l;
-}
-
-constexpr bool kHashed = true;  // changes what is learned: part of config_hash
-constexpr bool kNotHashed = false;
-
-struct Key {
-  const char* name;  ///< dotted: section.member
-  Field (*field)(RunConfig&);
-  Limit limit;
-  const char* help;
-  bool hashed;
-};
-
-// Expands to the key's dotted name and its accessor, so a key is named once.
-// clang-format off
-#define GPURUN_KEY(section, member) \
-  #section "." #member, [](RunConfig& c) -> Field { return &c.section.member; }
-
-/// The schema: one line per key, in the order format_resolved() prints them. To add a key,
-/// add the member to its struct in config.h and one line here; a new section is new lines.
-const std::vector<Key>& schema() {
-  static const std::vector<Key> kSchema = {
-    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, or a plugin's", kHashed},
-    {GPURUN_KEY(model, hidden), positive_ints(), "mlp: widths of the hidden layers", kHashed},
-    {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block; resnet: of each stage", kHashed},
-    {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},
-    {GPURUN_KEY(model, batch_norm), any(), "cnn: BatchNorm after every convolution", kHashed},
-    {GPURUN_KEY(model, plugin), any(), "a plugin .so registering model.name; relative to run.yaml", kHashed},
-    {GPURUN_KEY(model, torchscript), any(), "a TorchScript module file to train; relative to run.yaml", kHashed},
-    {GPURUN_KEY(model, blocks), positive_ints(), "resnet: residual blocks of each stage", kHashed},
-    {GPURUN_KEY(model, layers), at_least(1), "gpt: transformer blocks", kHashed},
-    {GPURUN_KEY(model, heads), at_least(1), "gpt: attention heads; must divide model.width", kHashed},
-    {GPURUN_KEY(model, width), at_least(1), "gpt: embedding width", kHashed},
-    {GPURUN_KEY(model, context), at_least(0), "gpt: longest sequence; 0: data.context", kHashed},
-    {GPURUN_KEY(data, name), non_empty(), "registry name: idx, csv, text, synthetic, or a plugin's", kHashed},
-    {GPURUN_KEY(data, path), any(), "idx: directory of the files; csv, text: the file", kHashed},
-    {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
-    {GPURUN_KEY(data, eval_samples), at_least(0), "first N test samples; 0: all", kHashed},
-    {GPURUN_KEY(data, eval_path), any(), "csv, text: evaluation file; empty: split data.path", kHashed},
-    {GPURUN_KEY(data, eval_fraction), open_fraction(), "csv, text, synthetic: share held out for evaluation", kHashed},
-    {GPURUN_KEY(data, label), non_empty(), "csv: label column, name or 0-based index (<0: from the end)", kHashed},
-    {GPURUN_KEY(data, header), any(), "csv: the first row names the columns", kHashed},
-    {GPURUN_KEY(data, delimiter), non_empty(), "csv: one character, or \\t / tab", kHashed},
-    {GPURUN_KEY(data, context), at_least(1), "text: characters per sample", kHashed},
-    {GPURUN_KEY(data, stride), at_least(0), "text: characters between samples; 0: context", kHashed},
-    {GPURUN_KEY(data, samples), at_least(2), "synthetic: samples generated, both splits", kHashed},
-    {GPURUN_KEY(data, shape), positive_ints(), "synthetic: shape of one sample", kHashed},
-    {GPURUN_KEY(data, classes), at_least(2), "synthetic: number of classes", kHashed},
-    {GPURUN_KEY(data, seed), any(), "synthetic: the data; csv: the shuffle before the split", kHashed},
-    {GPURUN_KEY(optim, name), one_of({"sgd", "adam", "adamw"}), "optimizer", kHashed},
-    {GPURUN_KEY(optim, lr), above(0), "learning rate", kHashed},
-    {GPURUN_KEY(optim, momentum), fraction(), "sgd: momentum", kHashed},
-    {GPURUN_KEY(optim, nesterov), any(), "sgd: Nesterov momentum; needs momentum > 0", kHashed},
-    {GPURUN_KEY(optim, weight_decay), at_least(0), "L2 penalty (adamw: decoupled)", kHashed},
-    {GPURUN_KEY(optim, beta1), fraction(), "adam, adamw: first moment decay", kHashed},
-    {GPURUN_KEY(optim, beta2), fraction(), "adam, adamw: second moment decay", kHashed},
-    {GPURUN_KEY(optim, eps), above(0), "adam, adamw: denominator term", kHashed},
-    {GPURUN_KEY(optim, grad_clip), at_least(0), "max global L2 norm of gradients; 0: off", kHashed},
-    {GPURUN_KEY(schedule, name), one_of({"constant", "step", "cosine"}), "lr schedule", kHashed},
-    {GPURUN_KEY(schedule, warmup_steps), at_least(0), "linear warm-up, optimizer steps", kHashed},
-    {GPURUN_KEY(schedule, step_size), at_least(1), "step: optimizer steps per decay", kHashed},
-    {GPURUN_KEY(schedule, gamma), above(0), "step: lr factor per decay", kHashed},
-    {GPURUN_KEY(schedule, min_lr), at_least(0), "cosine: lr at the last step", kHashed},
-    {GPURUN_KEY(train, epochs), at_least(1), "passes over the training set", kNotHashed},
-    {GPURUN_KEY(train, batch_size), at_least(1), "samples per optimizer step, all ranks", kHashed},
-    {GPURUN_KEY(train, accumulation_steps), at_least(1), "micro-batches per step", kHashed},
-    {GPURUN_KEY(train, eval_batch_size), at_least(1), "samples per evaluation batch", kHashed},
-    {GPURUN_KEY(train, seed), any(), "seed of weights, shuffling and dropout", kHashed},
-    // The manifest records threads on their own; a different count only warns on resume.
-    {GPURUN_KEY(train, threads), at_least(0), "intra-op threads; 0: LibTorch's", kNotHashed},
-    {GPURUN_KEY(train, loss), non_empty(), "registry name of the loss: cross_entropy or a plugin's", kHashed},
-    {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
-    {GPURUN_KEY(checkpoint, every_minutes), at_least(0), "also save every N minutes", kNotHashed},
-    {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
-    {GPURUN_KEY(checkpoint, grace_seconds), above(0), "time to save after a signal", kNotHashed},
-    {GPURUN_KEY(checkpoint, lease_timeout), above(0), "seconds to a stale lease", kNotHashed},
-    {GPURUN_KEY(checkpoint, async), any(), "write in the background while training goes on", kNotHashed},
-    {GPURUN_KEY(checkpoint, max_failures), at_least(1), "failed saves in a row before exit 1", kNotHashed},
-    {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
-    {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
-    {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),
-     "how to fit: auto | accumulate | checkpoint | none", kNotHashed},
-    {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
-    {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
-    {GPURUN_KEY(distributed, timeout), above(0), "seconds a rendezvous or collective may wait", kNotHashed},
-    // Sampling runs on a saved-and-restored RNG: it never changes what is learned.
-    {GPURUN_KEY(sample, length), at_least(0), "characters generated after each epoch (token data); 0: off", kNotHashed},
-    {GPURUN_KEY(sample, prompt), any(), "start text; empty: the evaluation text's first characters", kNotHashed},
-    {GPURUN_KEY(sample, temperature), at_least(0), "0: greedy; > 0: sample softmax(logits / T)", kNotHashed},
-    {GPURUN_KEY(sample, seed), any(), "seed of the sampling generator", kNotHashed},
-  };
-  return kSchema;
-}
-// clang-format on
-#undef GPURUN_KEY
 
 // const access through the one accessor per key; values read this way are never written.
 Field field_of(const Key& key, const RunConfig& c) { return key.field(const_cast<RunConfig&>(c)); }
@@ -198,54 +77,6 @@ std::string format_number(double v) {
   return buf;
 }
 
-std::string Limit::describe() const {
-  if (!choices.empty()) {
-    return (size ? "a size like 24GiB or one of " : "one of ") + join(choices, ", ");
-  }
-  if (std::isfinite(lo) && std::isfinite(hi)) {
-    return std::string("in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
-           format_number(hi) + (hi_open ? ")" : "]");
-  }
-  if (std::isfinite(lo)) return (lo_open ? "> " : ">= ") + format_number(lo);
-  if (std::isfinite(hi)) return (hi_open ? "< " : "<= ") + format_number(hi);
-  return non_empty ? "non-empty" : "";
-}
-
-// --- nearest names, for "did you mean" ---------------------------------------------------
-
-// Levenshtein distance where swapping two neighbours also counts 1 ("modle" ~ "model"): the
-// optimal-string-alignment variant, case-insensitive ("SGD" ~ "sgd").
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const auto same = [&](size_t i, size_t j) {
-    return std::tolower(static_cast<unsigned char>(a[i])) ==
-           std::tolower(static_cast<unsigned char>(b[j]));
-  };
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + !same(i - 1, j - 1)});
-      if (i > 1 && j > 1 && same(i - 1, j - 2) && same(i - 2, j - 1)) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-// How far apart two names may be to suggest one for the other: a third of the shorter's
-// length, at least 1 ("epoch" ~ "epochs"; not "lr" ~ "gamma").
-size_t tolerance(const std::string& a, const std::string& b) {
-  return std::max<size_t>(1, std::min(a.size(), b.size()) / 3);
-}
-
-// One name starts the other, and is not too short to mean much: "optimizer" ~ "optim".
-bool extends(const std::string& a, const std::string& b) {
-  const std::string& shorter = a.size() < b.size() ? a : b;
-  const std::string& longer = a.size() < b.size() ? b : a;
-  return shorter.size() >= 4 && longer.compare(0, shorter.size(), shorter) == 0;
-}
 
 /// The nearest key by full dotted name or by last component (a key put under the wrong
 /// section, "optim.epochs"); ties go to the closer full name. Distances are held to the
@@ -645,6 +476,19 @@ void read_overrides(const std::vector<std::string>& overrides, Assembly& a) {
 }
 
 }  // namespace
+
+std::string detail::Limit::describe() const {
+  if (!choices.empty()) {
+    return (size ? "a size like 24GiB or one of " : "one of ") + join(choices, ", ");
+  }
+  if (std::isfinite(lo) && std::isfinite(hi)) {
+    return std::string("in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
+           format_number(hi) + (hi_open ? ")" : "]");
+  }
+  if (std::isfinite(lo)) return (lo_open ? "> " : ">= ") + format_number(lo);
+  if (std::isfinite(hi)) return (hi_open ? "< " : "<= ") + format_number(hi);
+  return non_empty ? "non-empty" : "";
+}
 
 RunConfig parse_config(const std::string& yaml_text, const std::string& source_name,
                        const std::vector<std::string>& overrides) {
