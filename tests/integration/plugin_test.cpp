@@ -96,5 +96,25 @@ TEST(Plugin, AnUnknownModelNameListsThePluginsModels) {
   EXPECT_TRUE(contains(r.err, "test_mlp")) << r.err;
 }
 
+
+// A plugin's model and dataset under DDP: 2 ranks stopped by SIGTERM after step 10 resume to
+// the digest of an uninterrupted 2-rank run.
+TEST(Plugin, TrainsWithTwoRanksAndResumesToTheSameDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, plugin_config(GPURUN_TEST_PLUGIN));
+  Result full = run_gpurun({config, "--ckpt", dir / "full", "--nproc-per-node", "2"});
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_EQ(inspect(dir / "full")["world_size"], 2);
+  const std::vector<std::string> args{config, "--ckpt", dir / "ckpt", "--resume",
+                                      "--nproc-per-node", "2"};
+  Result stopped = run_gpurun(args, {{"GPURUN_FAULT", "sigterm:after_step:10"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  Result resumed = run_gpurun(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(events(dir / "ckpt", "resume").size(), 1u);
+  EXPECT_EQ(inspect(dir / "ckpt").value("model_digest", ""),
+            inspect(dir / "full").value("model_digest", ""));
+}
+
 }  // namespace
 }  // namespace gpurun::test
