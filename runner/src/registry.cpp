@@ -95,6 +95,24 @@ LossFn Registry::make_loss(const std::string& name) const {
   return find_or_throw(losses_, name, "train.loss");
 }
 
+void Registry::add_step_hook(const std::string& name, StepHook hook) {
+  if (!step_hooks_.emplace(name, std::move(hook)).second)
+    throw std::logic_error("step hook \"" + name + "\" is registered twice");
+}
+
+void Registry::run_step_hooks(const StepEnd& end) const {
+  for (const auto& [name, hook] : step_hooks_) {
+    try {
+      hook(end);
+    } catch (const std::exception& e) {
+      if (failed_step_hooks_.insert(name).second)
+        spdlog::error("step hook {} failed at global step {}: {}; training goes on (further "
+                      "failures of this hook are not logged)",
+                      name, end.global_step, e.what());
+    }
+  }
+}
+
 void Registry::run_epoch_hooks(const EpochEnd& end) const {
   if (epoch_hooks_.empty()) return;
   KeepRng cpu_rng(at::detail::getDefaultCPUGenerator());
@@ -120,5 +138,6 @@ std::vector<std::string> Registry::model_names() const { return keys_of(models_)
 std::vector<std::string> Registry::dataset_names() const { return keys_of(datasets_); }
 std::vector<std::string> Registry::loss_names() const { return keys_of(losses_); }
 std::vector<std::string> Registry::epoch_hook_names() const { return keys_of(epoch_hooks_); }
+std::vector<std::string> Registry::step_hook_names() const { return keys_of(step_hooks_); }
 
 }  // namespace gpurun

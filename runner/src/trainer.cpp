@@ -262,6 +262,7 @@ class Trainer {
       checkpointer_.report_finished();
       after_step(loss, window);
       if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
+      registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
       stop_if_signalled(agreed_stop_);
     }
     const auto [eval_loss, eval_accuracy] = evaluate();

@@ -178,5 +178,22 @@ TEST(Registry, LossesByNameAndEpochHooksLeaveTrainingUntouched) {
   EXPECT_TRUE(at::equal(torch::randn({4}), expected)) << "the global RNG moved";
 }
 
+TEST(Registry, StepHooksSeeEveryStepInNameOrderAndAThrowingOneIsContained) {
+  Registry registry;
+  std::vector<std::string> calls;
+  registry.add_step_hook("b", [&](const StepEnd& e) {
+    calls.push_back("b" + std::to_string(e.global_step));
+  });
+  registry.add_step_hook("a", [&](const StepEnd& e) {
+    calls.push_back("a" + std::to_string(e.global_step));
+    throw std::runtime_error("tracker offline");
+  });
+  EXPECT_THROW(registry.add_step_hook("a", [](const StepEnd&) {}), std::logic_error);
+  RunConfig config;
+  for (int64_t step = 1; step <= 2; ++step) registry.run_step_hooks({config, 0, 0, step, 0.5, 0.1});
+  EXPECT_EQ(calls, (std::vector<std::string>{"a1", "b1", "a2", "b2"}));
+  EXPECT_EQ(registry.step_hook_names(), (std::vector<std::string>{"a", "b"}));
+}
+
 }  // namespace
 }  // namespace gpurun

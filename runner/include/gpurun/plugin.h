@@ -1,4 +1,4 @@
-// The plugin ABI: how a user's shared library adds models and datasets to gpurun.
+// The plugin ABI: how a user's shared library adds models, datasets, losses and hooks to gpurun.
 //
 // A plugin is a .so named in run.yaml (`model.plugin: build/libmy_models.so`, with
 // `model.name` naming one of its models). gpurun dlopen()s it (RTLD_NOW | RTLD_LOCAL) and looks
@@ -9,7 +9,8 @@
 //   const char* gpurun_plugin_torch_version(void); optional: the LibTorch "MAJOR.MINOR.PATCH"
 //                                                  it was built against; major.minor must match
 //   int         gpurun_plugin_init(int abi_version, gpurun::Registry* registry);
-//                                                  registers models and datasets; 0 on success
+//                                                  registers models, datasets, losses (train.loss),
+//                                                  epoch hooks and step hooks; 0 on success
 //
 // The symbols are C, but what crosses them is C++ (Registry, SegmentedModel, std::function,
 // LibTorch tensors): a plugin must be built with the same compiler family and standard

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,19 @@ struct EpochEnd {
 /// sample). A hook decides itself whether it applies to the run (by config, data, model).
 using EpochHook = std::function<void(const EpochEnd& end)>;
 
+/// What a step hook sees after each optimizer step: scalars only, so that an observer (a
+/// logger, an experiment tracker) can never change what is learned.
+struct StepEnd {
+  const RunConfig& config;
+  int rank;             ///< the rank this process is (0 for a single process)
+  int64_t epoch;        ///< 0-based
+  int64_t global_step;  ///< optimizer steps done, this one included
+  double loss;          ///< mean loss of the step's global batch
+  double lr;            ///< learning rate the step used
+};
+/// Runs on every rank after each optimizer step (and after any checkpoint it triggers).
+using StepHook = std::function<void(const StepEnd& end)>;
+
 class Registry {
  public:
   /// Holds the built-in loss "cross_entropy" (loss.h).
@@ -49,6 +63,7 @@ class Registry {
   void add_dataset(const std::string& name, DatasetFactory factory);
   void add_loss(const std::string& name, LossFn loss);
   void add_epoch_hook(const std::string& name, EpochHook hook);
+  void add_step_hook(const std::string& name, StepHook hook);
 
   /// Throw ConfigError naming the unknown name and the registered ones.
   std::shared_ptr<SegmentedModel> make_model(const ModelConfig& config,
@@ -66,16 +81,23 @@ class Registry {
   /// of an epoch is not worth a lost run).
   void run_epoch_hooks(const EpochEnd& end) const;
 
+  /// Runs every step hook, in name order. A hook that throws std::exception is logged as an
+  /// error (once per hook) and training goes on.
+  void run_step_hooks(const StepEnd& end) const;
+
   std::vector<std::string> model_names() const;
   std::vector<std::string> dataset_names() const;
   std::vector<std::string> loss_names() const;
   std::vector<std::string> epoch_hook_names() const;
+  std::vector<std::string> step_hook_names() const;
 
  private:
   std::map<std::string, ModelFactory> models_;
   std::map<std::string, DatasetFactory> datasets_;
   std::map<std::string, LossFn> losses_;
   std::map<std::string, EpochHook> epoch_hooks_;
+  std::map<std::string, StepHook> step_hooks_;
+  mutable std::set<std::string> failed_step_hooks_;  ///< logged once each
 };
 
 }  // namespace gpurun
