@@ -432,7 +432,25 @@ bool CheckpointStore::has_checkpoints() const { return !checkpoint_folders(dir_)
 
 std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
   const std::vector<CheckpointInfo> all = list(false);
-  if (all.empty()) return std::nullopt;
+  if (all.empty()) {
+    // Only checkpoints set aside as damaged (by an earlier resume): starting fresh would
+    // silently throw that run away, the more so in a restart loop. A person decides.
+    std::vector<std::string> aside;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("ckpt-", 0) == 0 && name.find(".damaged") != std::string::npos)
+        aside.push_back(name);
+    }
+    if (aside.empty()) return std::nullopt;
+    std::sort(aside.begin(), aside.end());
+    std::string message = "no complete checkpoint in " + dir_ + ", only checkpoints set aside as "
+                          "damaged by an earlier resume:";
+    for (const auto& name : aside) message += "\n  " + name;
+    throw ResumeError(message + "\nrefusing to start over and lose that run; check the storage "
+                                "(`gpurun ckpt list " + dir_ + "`), then move them away or use "
+                                "a new --ckpt directory to start fresh");
+  }
 
   // Newest first. Every candidate newer than the one finally loaded failed verification and
   // is set aside; older ones are left to retention.

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <cstdio>
@@ -46,7 +47,14 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   if (!enabled_) return;
   nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
   line.update(fields);
-  fs::append_line(run_dir_ + "/metrics.jsonl", line.dump());
+  try {
+    fs::append_line(run_dir_ + "/metrics.jsonl", line.dump());
+  } catch (const IoError& e) {
+    // Like status.json: a full or read-only disk must not stop training over its log; the
+    // checkpoints on it report their own failures (checkpoint.max_failures).
+    if (!metrics_failed_) spdlog::warn("could not append to metrics.jsonl: {}; training goes on", e.what());
+    metrics_failed_ = true;
+  }
 }
 
 void Reporter::status(const nlohmann::json& fields, bool force) {
@@ -159,16 +167,26 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
     std::snprintf(buf, sizeof buf, "%.4g", s[key].get<double>());
     return std::string(buf);
   };
+  // status.json counts epochs from 0, as metrics.jsonl does; people count from 1, as the
+  // progress line does. A finished run's epoch is the count done.
+  std::string epoch = get("epoch");
+  if (s.contains("epoch") && s["epoch"].is_number_integer()) {
+    int64_t e = s["epoch"].get<int64_t>() + 1;
+    if (s.contains("epochs") && s["epochs"].is_number_integer())
+      e = std::min(e, s["epochs"].get<int64_t>());
+    epoch = std::to_string(e);
+  }
+  const bool live = s.value("state", "") == "running";
   out << "run dir         " << run_dir << "\n"
       << "state           " << s.value("state", "?")
       << (s.value("state", "") == "dead" ? " (its process is gone: run again with --resume)" : "")
       << " (updated " << format_duration(age)
       << " ago, pid " << get("pid") << " on " << s.value("host", "?") << ")\n"
-      << "epoch           " << get("epoch") << " of " << get("epochs") << "\n"
+      << "epoch           " << epoch << " of " << get("epochs") << "\n"
       << "step            " << get("global_step") << " of " << get("total_steps") << "\n"
       << "loss            " << get("loss") << "\n"
       << "samples/s       " << get("samples_per_second") << "\n"
-      << "ETA             " << format_duration(s.value("eta_seconds", -1.0)) << "\n"
+      << "ETA             " << (live ? format_duration(s.value("eta_seconds", -1.0)) : "-") << "\n"
       << "last checkpoint " << s.value("last_checkpoint", std::string("none")) << "\n"
       << "restarts        " << get("restarts") << "\n";
   return kExitOk;

@@ -123,7 +123,11 @@ class Trainer {
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
                    model_digest(*model_));
       reporter_.event("done", {{"exit_code", 0}, {"global_step", global_step_}});
-      reporter_.status({{"state", "finished"}, {"eta_seconds", 0}}, true);
+      reporter_.status({{"state", "finished"},
+                        {"eta_seconds", 0},
+                        {"epoch", epoch_},
+                        {"global_step", global_step_}},
+                       true);
     } catch (const std::exception& e) {
       reporter_.end_progress();
       // A run refused before it started (directory held, config changed) leaves the metrics
@@ -217,6 +221,8 @@ class Trainer {
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
+    epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
+    epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
     checkpointer_.resumed_from(loaded->info.path, global_step_);
     interval_first_step_ = global_step_;
     reporter_.status({{"last_checkpoint", loaded->info.path}});
@@ -240,8 +246,9 @@ class Trainer {
     model_->train();
     auto epoch_start = Clock::now();
     session_.meter->reset_peak();
-    double loss_sum = 0;
-    int64_t loss_samples = 0;
+    // A resumed epoch continues the sums its checkpoint saved, so its train loss is that of the
+    // whole epoch, as without the interruption.
+    if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
     stop_if_signalled();
     while (position_ < n) {
       const int64_t window = std::min(plan_.global_batch, n - position_);
@@ -255,8 +262,8 @@ class Trainer {
       trace_.record(global_step_, epoch_, shard);
       position_ += window;
       ++global_step_;
-      loss_sum += loss * window;
-      loss_samples += window;
+      epoch_loss_sum_ += loss * window;
+      epoch_loss_samples_ += window;
       fault_point("after_step", global_step_);
       reporter_.heartbeat(global_step_);
       checkpointer_.report_finished();
@@ -268,7 +275,7 @@ class Trainer {
     const auto [eval_loss, eval_accuracy] = evaluate();
     const double seconds = seconds_since(epoch_start);
     reporter_.end_progress();
-    const double train_loss = loss_samples ? loss_sum / loss_samples : 0.0;
+    const double train_loss = epoch_loss_samples_ ? epoch_loss_sum_ / epoch_loss_samples_ : 0.0;
     spdlog::info(
         "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
         epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
@@ -441,6 +448,10 @@ class Trainer {
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
     meta.extra = {{"reason", reason}};
+    if (position > 0) {
+      meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
+      meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
+    }
     if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
     // Decodes the model's outputs without the data (e.g. a text model's characters).
     if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
@@ -486,6 +497,8 @@ class Trainer {
   Checkpointer checkpointer_;
   SampleTrace trace_;
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
+  double epoch_loss_sum_ = 0;      ///< sum of step loss x samples in this epoch so far
+  int64_t epoch_loss_samples_ = 0;
   CollectiveStats interval_stats_;
   int64_t interval_first_step_ = 0;
   std::vector<at::Tensor> params_;
@@ -518,6 +531,8 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
         run_dir + "/rank-" + std::to_string(d.rank) + ".log");
     spdlog::default_logger()->sinks().push_back(file);
+    // Every line reaches the file at once: a rank killed outright keeps its last words.
+    spdlog::default_logger()->flush_on(spdlog::level::trace);
     spdlog::default_logger()->set_pattern("%^gpurun %l%$ [rank " + std::to_string(d.rank) + "] %v");
     const c10::Device device = resolve_device(options.device, d.local_rank);
     comm = Collectives::connect(d, device, config.distributed.timeout);

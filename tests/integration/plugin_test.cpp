@@ -61,6 +61,11 @@ TEST(Plugin, TrainsItsModelOnItsDatasetAndResumesAfterSigkillToTheSameDigest) {
   ASSERT_EQ(resumes.size(), 1u);
   EXPECT_EQ(resumes[0]["global_step"], 8);
   EXPECT_EQ(inspect(dir / "ckpt").value("model_digest", ""), expected);
+  // The interrupted epoch's train loss covers the whole epoch, as without the kill.
+  const auto resumed_epochs = events(dir / "ckpt", "epoch");
+  ASSERT_EQ(resumed_epochs.size(), 2u);
+  EXPECT_DOUBLE_EQ(resumed_epochs[0]["train_loss"].get<double>(),
+                   epochs[0]["train_loss"].get<double>());
 }
 
 TEST(Plugin, AnotherAbiVersionExits3NamingBothVersions) {

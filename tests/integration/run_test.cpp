@@ -131,6 +131,12 @@ TEST(Damage, NewestDamagedFallsBackToThePreviousAndAllDamagedExits3) {
   EXPECT_TRUE(contains(none.err, "trainer.pt")) << none.err;
   Result verify_none = run_gpurun({"ckpt", "verify", dir / "ckpt"});
   EXPECT_EQ(verify_none.exit_code, 1) << verify_none.out;
+  // The same line again (a restart loop) must not start over and lose the run: every
+  // checkpoint is now set aside, and resume still refuses, naming them.
+  Result again = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume"});
+  EXPECT_EQ(again.exit_code, 3) << again.err;
+  EXPECT_TRUE(contains(again.err, "set aside as damaged")) << again.err;
+  EXPECT_TRUE(contains(again.err, names[0])) << again.err;
   (void)oldest;
 }
 

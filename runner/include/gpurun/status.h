@@ -43,6 +43,7 @@ class Reporter {
   std::string heartbeat_path_;
   bool tty_;
   bool progress_open_ = false;
+  bool metrics_failed_ = false;  ///< warned once about an unwritable metrics.jsonl
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
 };
