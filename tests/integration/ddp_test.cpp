@@ -309,9 +309,10 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
         << "rank " << rank;
 
   // Both ranks sleep 60 s after step 30 in the first run only: the watchdog kills and restarts.
+  // (10 s leaves a loaded machine time for the start-up before the first step, which counts.)
   Result resumed = run_gpurun(
       ddp(with_sets({config, "--ckpt", ckpt, "--resume", "--max-restarts", "1", "--hang-timeout",
-                     "4"},
+                     "10"},
                     sets),
           2),
       {{"GPURUN_FAULT", "sleep60000:after_step:30"}, {"GPURUN_FAULT_RESTART", "0"}});
