@@ -142,7 +142,6 @@ int run_training(const Command& cmd, Registry& registry) {
   if (!run.dist) {
     LaunchSpec spec = resolve_launch(cmd.launch, env);
     const int world = spec.nnodes * spec.nproc_per_node;
-    if (spec.nnodes == 1 && !master_port_given(cmd.launch, env)) spec.master_port = find_free_port();
     if (world > 1 || cmd.max_restarts > 0 || cmd.hang_timeout > 0) {
       SupervisorOptions s;
       // The workers re-read the config; an error in it surfaced above, unretried.
@@ -153,6 +152,8 @@ int run_training(const Command& cmd, Registry& registry) {
       s.progress_file = heartbeat_path(run_dir, first_rank);
       if (isatty(STDERR_FILENO)) s.env["GPURUN_STDERR_TTY"] = "1";
       if (world > 1) {
+        if (spec.nnodes == 1 && !master_port_given(cmd.launch, env))
+          spec.master_port = find_free_port();
         spdlog::info("launching ranks {}..{} of {} on node {} of {}; rendezvous at {}:{}",
                      first_rank, first_rank + spec.nproc_per_node - 1, world, spec.node_rank,
                      spec.nnodes, spec.master_addr, spec.master_port);

@@ -18,18 +18,17 @@
 #include <cstring>
 #include <deque>
 #include <stdexcept>
-#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 
+#include "gpurun/dist_env.h"
 #include "gpurun/errors.h"
 #include "gpurun/signals.h"
 #include "gpurun/status.h"
 
-extern char** environ;
 
 namespace gpurun {
 namespace {
@@ -146,14 +145,16 @@ HeartbeatKey heartbeat_key(const std::string& path) {
   return {true, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_size};
 }
 
-std::vector<std::string> child_environment(std::map<std::string, std::string> extra, int restart) {
-  extra["GPURUN_RESTART_COUNT"] = std::to_string(restart);
+/// Our environment with `extra` (then the worker's own variables) over it, as KEY=VALUE.
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& extra,
+                                           const std::map<std::string, std::string>& worker,
+                                           int restart) {
+  Environment env = current_environment();
+  for (const auto& [key, value] : extra) env[key] = value;
+  for (const auto& [key, value] : worker) env[key] = value;
+  env["GPURUN_RESTART_COUNT"] = std::to_string(restart);
   std::vector<std::string> out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view kv(*e);
-    if (extra.count(std::string(kv.substr(0, kv.find('=')))) == 0) out.emplace_back(kv);
-  }
-  for (const auto& [key, value] : extra) out.push_back(key + "=" + value);
+  for (const auto& [key, value] : env) out.push_back(key + "=" + value);
   return out;
 }
 
@@ -320,6 +321,13 @@ class Supervisor {
     WorkerExit exit;
   };
 
+  /// Sends `sig` to every worker not yet reaped: to its pid, or with `whole_group` to its
+  /// whole process group (what it started too).
+  static void signal_alive(const std::vector<Running>& running, int sig, bool whole_group) {
+    for (const Running& r : running)
+      if (!r.done) ::kill(whole_group ? -r.child.pid : r.child.pid, sig);
+  }
+
   std::vector<SupervisorOptions::Worker> group() const {
     if (!options_.workers.empty()) return options_.workers;
     return {SupervisorOptions::Worker{{}, "worker", ""}};
@@ -350,9 +358,8 @@ class Supervisor {
     auto last_progress = start;
     std::vector<Running> running(workers.size());
     for (size_t i = 0; i < workers.size(); ++i) {
-      std::map<std::string, std::string> extra = options_.env;
-      for (const auto& [k, v] : workers[i].env) extra[k] = v;
-      running[i].child = spawn(options_.argv, child_environment(extra, restart));
+      running[i].child =
+          spawn(options_.argv, child_environment(options_.env, workers[i].env, restart));
       running[i].tap = std::make_unique<StderrTap>(running[i].child.stderr_fd, i == 0);
       running[i].exit.name = workers[i].name;
       if (running[i].child.exec_errno != 0) a.exec_errno = running[i].child.exec_errno;
@@ -394,8 +401,7 @@ class Supervisor {
           spdlog::error("{} {}; stopping the other {} worker(s) (SIGTERM, SIGKILL after {} s)",
                         running[root].exit.name, describe(running[root].exit), alive,
                         format_seconds(options_.stop_timeout));
-          for (Running& r : running)
-            if (!r.done) ::kill(r.child.pid, SIGTERM);
+          signal_alive(running, SIGTERM, false);
           kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(options_.stop_timeout));
         }
@@ -409,8 +415,7 @@ class Supervisor {
         const int forward = sig == SIGINT ? SIGTERM : sig;
         spdlog::warn("{} received; forwarding {} to {} worker(s) and waiting for them",
                      signal_name(sig), signal_name(forward), alive);
-        for (Running& r : running)
-          if (!r.done) ::kill(r.child.pid, forward);
+        signal_alive(running, forward, false);
         a.forwarded = sig;
         stopping = true;
       }
@@ -425,14 +430,12 @@ class Supervisor {
         spdlog::error("no progress for {} s ({} unchanged); killing every worker's process "
                       "group with SIGKILL",
                       format_seconds(stalled), options_.progress_file);
-        for (Running& r : running)
-          if (!r.done) ::kill(-r.child.pid, SIGKILL);
+        signal_alive(running, SIGKILL, true);
         a.hung = true;
         a.stalled_seconds = stalled;
       }
       if (Clock::now() >= kill_at) {
-        for (Running& r : running)
-          if (!r.done) ::kill(-r.child.pid, SIGKILL);
+        signal_alive(running, SIGKILL, true);
         kill_at = Clock::time_point::max();
       }
       std::this_thread::sleep_for(kPollInterval);
