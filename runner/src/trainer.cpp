@@ -6,10 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
 
 #include <spdlog/sinks/basic_file_sink.h>

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "unit/norms.h"
+
 #include "gpurun/collectives.h"
 #include "gpurun/dataset.h"
 #include "gpurun/model.h"
@@ -39,9 +41,7 @@ std::shared_ptr<SegmentedModel> mlp(bool checkpointing) {
   return m;
 }
 
-double relative_norm_difference(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).norm().item<double>() / std::max(1e-30, b.norm().item<double>());
-}
+using test::relative_norm_difference;
 
 at::Tensor flat_grads(const torch::nn::Module& model) {
   std::vector<at::Tensor> parts;

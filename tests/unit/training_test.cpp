@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "unit/norms.h"
+
 #include "builtin.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
@@ -23,9 +25,7 @@
 namespace gpurun {
 namespace {
 
-double relative_norm_difference(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).norm().item<double>() / std::max(1e-30, b.norm().item<double>());
-}
+using test::relative_norm_difference;
 
 /// A linear model on a small synthetic data set: no dropout, no BatchNorm.
 std::shared_ptr<SegmentedModel> linear_model(int64_t in, int64_t out) {
