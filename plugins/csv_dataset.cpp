@@ -35,6 +35,23 @@
 namespace gpurun {
 namespace {
 
+/// data.label as a 0-based column index ("3"; "-1" counts from the end), or nullopt when it
+/// is a column name.
+std::optional<int64_t> parse_column_index(const std::string& label) {
+  int64_t index = 0;
+  const char* end = label.data() + label.size();
+  const auto [ptr, ec] = std::from_chars(label.data(), end, index);
+  if (label.empty() || ec != std::errc() || ptr != end) return std::nullopt;
+  return index;
+}
+
+/// data.delimiter as the character it stands for: itself, or a tab for "\\t" and "tab".
+char delimiter_char(const std::string& delimiter) {
+  if (delimiter == "\\t" || delimiter == "tab") return '\t';
+  return delimiter.empty() ? ',' : delimiter[0];
+}
+
+
 struct Row {
   size_t line = 0;  ///< 1-based line where the record starts
   std::vector<std::string> fields;

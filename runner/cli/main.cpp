@@ -6,10 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include "builtin.h"
-#include "gpurun/cli.h"
+#include "cli/command_line.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
-#include "gpurun/signals.h"
+#include "launch/signals.h"
 
 int main(int argc, char** argv) {
   // First, so that a signal at any moment ends in exit 75, never 143.

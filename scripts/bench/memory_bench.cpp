@@ -8,11 +8,12 @@
 
 #include "builtin.h"
 #include "gpurun/config.h"
-#include "gpurun/memory_meter.h"
+#include "memory/meter.h"
 #include "gpurun/model.h"
-#include "gpurun/probe.h"
+#include "memory/peak_probe.h"
 #include "gpurun/registry.h"
-#include "gpurun/session.h"
+#include "train/run_setup.h"
+#include "util/units.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "builtin.h"
 #include "gpurun/config.h"
 #include "gpurun/model.h"
-#include "gpurun/optim.h"
+#include "train/optimizer.h"
 #include "gpurun/registry.h"
 
 int main(int argc, char** argv) {

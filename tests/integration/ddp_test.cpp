@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "gpurun/dist_env.h"
-#include "gpurun/state.h"
+#include "distributed/worker_env.h"
+#include "checkpoint/train_state.h"
 #include "integration/harness.h"
 
 namespace fs = std::filesystem;

@@ -16,16 +16,6 @@
 
 namespace gpurun::test {
 
-TempDir::TempDir() {
-  std::string tmpl = std::filesystem::temp_directory_path().string() + "/gpurun-it-XXXXXX";
-  path_ = mkdtemp(tmpl.data());
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  if (!std::getenv("GPURUN_KEEP_TEST_DIRS")) std::filesystem::remove_all(path_, ec);
-}
-
 namespace {
 pid_t spawn(const std::vector<std::string>& argv, const std::string& out_path,
             const std::string& err_path, const Env& env) {

@@ -2,6 +2,8 @@
 // the background to be killed, with output captured in files.
 #pragma once
 
+#include "common/temp_dir.h"
+
 #include <sys/types.h>
 
 #include <map>
@@ -19,18 +21,6 @@ struct Result {
 };
 
 /// A fresh directory under $TMPDIR, removed by the destructor.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 using Env = std::map<std::string, std::string>;
 

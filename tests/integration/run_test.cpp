@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpurun/state.h"
+#include "checkpoint/train_state.h"
 #include "integration/harness.h"
 
 namespace gpurun::test {

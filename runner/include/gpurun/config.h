@@ -175,17 +175,4 @@ std::string format_resolved(const RunConfig& config);
 /// (for --help and the docs).
 std::string format_config_keys();
 
-/// Parses a SIZE ("512MiB", "24GiB", "1000000", "2GB"): bytes. Throws ConfigError.
-int64_t parse_size(const std::string& text);
-
-/// Bytes as "1.50 GiB" for messages.
-std::string format_bytes(int64_t bytes);
-
-/// data.label as a 0-based column index ("3"; "-1" counts from the end), or nullopt when it
-/// is a column name.
-std::optional<int64_t> parse_column_index(const std::string& label);
-
-/// data.delimiter as the character it stands for: itself, or a tab for "\t" and "tab".
-char delimiter_char(const std::string& delimiter);
-
 }  // namespace gpurun

@@ -1,0 +1,210 @@
+#include "cli/command_line.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+// --set values hold commas ("model.hidden=[64,32]"): never split them into several values.
+#define CXXOPTS_VECTOR_DELIMITER '\0'
+#include <cxxopts.hpp>
+
+#include "cli/ckpt_command.h"
+#include "gpurun/config.h"
+#include "gpurun/errors.h"
+#include "cli/export_command.h"
+#include "cli/plan_command.h"
+#include "model/plugin_loader.h"
+#include "launch/launcher.h"
+#include "cli/options.h"
+#include "cli/status_command.h"
+#include "util/units.h"
+#include "util/version.h"
+
+
+namespace gpurun {
+namespace {
+
+const char* const kDescription =
+    "gpurun: train a LibTorch model with checkpoints that survive a reclaimed machine";
+
+const char* const kUsage =
+    "[run] CONFIG.yaml --ckpt DIR [--resume] [--set KEY=VALUE]... [options]\n"
+    "  gpurun [run] CONFIG.yaml --ckpt DIR --nproc-per-node N [--nnodes N --node-rank R\n"
+    "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
+    "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
+    "  gpurun ckpt list|verify|inspect DIR [--json]\n"
+    "  gpurun status RUN_DIR [--json]\n"
+    "  gpurun export CKPT_DIR --to FILE";
+
+const char* const kFooter = R"(
+Typical use, the same line after every interruption:
+  gpurun --resume --ckpt /mnt/nas/exp1 examples/fashion_mnist.yaml
+
+Exit codes: 0 finished, 2 usage or config error, 3 cannot resume,
+            75 stopped by a signal after saving (run again with --resume), 1 other failure.
+)";
+
+cxxopts::Options make_options() {
+  cxxopts::Options options("gpurun", kDescription);
+  options.custom_help(kUsage);
+  options.positional_help("");
+  for (const OptionSpec& o : option_table()) {
+    std::shared_ptr<cxxopts::Value> value;
+    switch (o.type) {
+      case OptionSpec::Type::kFlag: value = cxxopts::value<bool>(); break;
+      case OptionSpec::Type::kString: value = cxxopts::value<std::string>(); break;
+      case OptionSpec::Type::kStrings: value = cxxopts::value<std::vector<std::string>>(); break;
+      case OptionSpec::Type::kInt: value = cxxopts::value<int>(); break;
+      case OptionSpec::Type::kDouble: value = cxxopts::value<double>(); break;
+    }
+    if (*o.default_value) value->default_value(o.default_value);
+    options.add_options(o.group)(o.name, o.help, value, o.value_name);
+  }
+  options.add_options("hidden")("positional", "", cxxopts::value<std::vector<std::string>>());
+  options.parse_positional({"positional"});
+  return options;
+}
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw ConfigError(message + "\n(see gpurun --help)");
+}
+
+/// The supervised worker's command line: ours without the launcher's options, argv[0] this
+/// very binary. A restarted worker resumes on its own (GPURUN_RESTART_COUNT > 0), so that the
+/// first run still refuses a directory that holds checkpoints when --resume is not given.
+std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
+  // The resolved path of this binary, so that `ps` and `pgrep -f gpurun` show the workers.
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.empty()) args.emplace_back();
+  args[0] = ec ? std::string("/proc/self/exe") : self;
+  return without_launcher_options(args);
+}
+
+}  // namespace
+
+Command parse_command_line(int argc, const char* const argv[]) {
+  cxxopts::Options options = make_options();
+  Command cmd;
+  cmd.help = options.help(option_groups()) + kFooter;
+  cxxopts::ParseResult r;
+  try {
+    r = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    usage_error(e.what());
+  }
+  if (r.count("help")) return cmd;
+  if (r.count("version")) {
+    cmd.kind = Command::Kind::kVersion;
+    return cmd;
+  }
+  std::vector<std::string> args;
+  if (r.count("positional")) args = r["positional"].as<std::vector<std::string>>();
+  if (args.empty()) usage_error("missing CONFIG.yaml");
+  cmd.json = r.count("json") > 0;
+  const std::string first = args[0];
+  if (first == "ckpt") {
+    if (args.size() != 3 || (args[1] != "list" && args[1] != "verify" && args[1] != "inspect"))
+      usage_error("usage: gpurun ckpt list|verify|inspect DIR [--json]");
+    cmd.kind = Command::Kind::kCkpt;
+    cmd.action = args[1];
+    cmd.dir = args[2];
+    return cmd;
+  }
+  if (first == "status") {
+    if (args.size() != 2) usage_error("usage: gpurun status RUN_DIR [--json]");
+    cmd.kind = Command::Kind::kStatus;
+    cmd.dir = args[1];
+    return cmd;
+  }
+  if (first == "export") {
+    if (args.size() != 2 || !r.count("to")) usage_error("usage: gpurun export CKPT_DIR --to FILE");
+    cmd.kind = Command::Kind::kExport;
+    cmd.dir = args[1];
+    cmd.to = r["to"].as<std::string>();
+    return cmd;
+  }
+  if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
+  if (r.count("memory-limit")) {
+    cmd.run.memory_limit = parse_size(r["memory-limit"].as<std::string>());
+    if (cmd.run.memory_limit <= 0) usage_error("--memory-limit must be a positive SIZE");
+  }
+  cmd.run.device = r["device"].as<std::string>();
+  if (first == "plan") {
+    if (args.size() != 2) usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");
+    cmd.kind = Command::Kind::kPlan;
+    cmd.config_path = args[1];
+    return cmd;
+  }
+  if (first == "run") args.erase(args.begin());
+  if (args.size() != 1)
+    usage_error(args.empty() ? "missing CONFIG.yaml" : "unexpected argument \"" + args[1] + "\"");
+  cmd.kind = Command::Kind::kRun;
+  cmd.config_path = args[0];
+  if (!r.count("ckpt")) usage_error("--ckpt DIR is required: where checkpoints go");
+  cmd.run.ckpt_dir = r["ckpt"].as<std::string>();
+  if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
+  cmd.run.resume = r.count("resume") > 0;
+  cmd.run.force = r.count("force") > 0;
+  LaunchRequest& launch = cmd.launch;
+  launch.max_restarts = r["max-restarts"].as<int>();
+  launch.hang_timeout = r["hang-timeout"].as<double>();
+  if (launch.max_restarts < 0) usage_error("--max-restarts must be >= 0");
+  if (launch.hang_timeout < 0) usage_error("--hang-timeout must be >= 0");
+  if (r.count("nproc-per-node")) launch.flags.nproc_per_node = r["nproc-per-node"].as<int>();
+  if (r.count("nnodes")) launch.flags.nnodes = r["nnodes"].as<int>();
+  if (r.count("node-rank")) launch.flags.node_rank = r["node-rank"].as<int>();
+  if (r.count("master-addr")) launch.flags.master_addr = r["master-addr"].as<std::string>();
+  if (r.count("master-port")) launch.flags.master_port = r["master-port"].as<int>();
+  launch.worker_argv = worker_argv(argc, argv);
+  if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
+    cmd.run.restart_count = std::atoll(restarts);
+  // A restarted worker continues from the last checkpoint.
+  if (cmd.run.restart_count > 0) cmd.run.resume = true;
+  return cmd;
+}
+
+int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
+  switch (cmd.kind) {
+    case Command::Kind::kHelp:
+      out << cmd.help;
+      return kExitOk;
+    case Command::Kind::kVersion:
+      out << "gpurun " << gpurun_version() << "\n";
+      return kExitOk;
+    case Command::Kind::kCkpt:
+      return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
+    case Command::Kind::kStatus:
+      return status_command(cmd.dir, cmd.json, out);
+    case Command::Kind::kExport:
+      return export_command(cmd.dir, cmd.to, out);
+    case Command::Kind::kPlan: {
+      RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      load_configured_plugin(config, registry);
+      return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, out);
+    }
+    case Command::Kind::kRun: {
+      RunConfig config = load_config(cmd.config_path, cmd.overrides);
+      // In the launcher too: a plugin that cannot load is refused before any worker starts.
+      load_configured_plugin(config, registry);
+      return launch_or_train(config, cmd.run, cmd.launch, registry);
+    }
+  }
+  return kExitFailure;
+}
+
+void setup_logging() {
+  auto logger = spdlog::stderr_color_mt("gpurun");
+  logger->set_pattern("%^gpurun %l%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::level::level_enum level = spdlog::level::info;
+  if (const char* env = std::getenv("GPURUN_LOG_LEVEL")) level = spdlog::level::from_str(env);
+  spdlog::set_level(level);
+}
+
+}  // namespace gpurun

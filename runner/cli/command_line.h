@@ -1,0 +1,41 @@
+// The command line (design.md, "Command line"), parsed with cxxopts into a Command, and the
+// dispatch of each subcommand to the library. runner/cli/main.cpp only wires these together.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "launch/launcher.h"
+#include "train/trainer.h"
+
+namespace gpurun {
+
+class Registry;
+
+struct Command {
+  enum class Kind { kRun, kPlan, kCkpt, kStatus, kExport, kHelp, kVersion };
+  Kind kind = Kind::kHelp;
+  std::string config_path;             ///< run, plan
+  std::vector<std::string> overrides;  ///< --set KEY=VALUE, in order (the last wins)
+  RunOptions run;                      ///< run
+  std::string action;                  ///< ckpt: list | verify | inspect
+  std::string dir;                     ///< ckpt DIR, status RUN_DIR, export CKPT_DIR
+  std::string to;                      ///< export: --to FILE
+  bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
+  std::string help;                    ///< the --help text
+  LaunchRequest launch;                ///< run: restarts, DDP flags, the workers' command line
+};
+
+/// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an
+/// unknown subcommand, with the usage hint.
+Command parse_command_line(int argc, const char* const argv[]);
+
+/// Runs `command`; returns the exit code. Throws what the subcommand throws (main maps it).
+/// `registry` holds the built-in models; run and plan add model.plugin's (plugin_loader.h).
+int run_command(const Command& command, Registry& registry, std::ostream& out);
+
+/// Logs to stderr as "gpurun LEVEL message"; GPURUN_LOG_LEVEL=debug|info|warn overrides.
+void setup_logging();
+
+}  // namespace gpurun

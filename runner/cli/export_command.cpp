@@ -1,0 +1,104 @@
+#include "cli/export_command.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/store.h"
+#include "gpurun/config.h"
+#include "gpurun/errors.h"
+#include "util/fs.h"
+#include "util/hash.h"
+#include "model/plugin_loader.h"
+#include "checkpoint/train_state.h"
+#include "model/torchscript_model.h"
+
+namespace gpurun {
+namespace {
+
+namespace stdfs = std::filesystem;
+using json = nlohmann::json;
+
+/// The checkpoint to export: `dir` itself when it is one ckpt-* folder, else the newest one of
+/// the root that verifies (read-only: damaged ones are reported, not renamed).
+LoadedCheckpoint choose(const std::string& dir) {
+  std::error_code ec;
+  const std::string base = stdfs::path(dir).lexically_normal().filename().string();
+  if (base.rfind("ckpt-", 0) == 0 || stdfs::exists(stdfs::path(dir) / "manifest.json", ec))
+    return CheckpointStore::load(dir);
+  const std::vector<CheckpointInfo> infos = CheckpointStore(dir, 1).list(/*verify=*/true);
+  for (auto it = infos.rbegin(); it != infos.rend(); ++it) {
+    if (!it->complete) {
+      spdlog::warn("skipping {}: {}; exporting the previous complete checkpoint", it->name,
+                   it->problem);
+      continue;
+    }
+    return CheckpointStore::load(it->path);
+  }
+  throw ResumeError("no complete checkpoint in " + dir + " (" + std::to_string(infos.size()) +
+                    " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
+}
+
+/// The same xxh3 as model_digest(), over tensors already read from model.pt.
+std::string digest_of(const NamedTensors& tensors) {
+  Xxh3 h;
+  for (const auto& entry : tensors) {
+    const at::Tensor t = entry.second.contiguous();
+    h.update(t.data_ptr(), t.numel() * t.element_size());
+  }
+  return h.hex();
+}
+
+/// The TorchScript module file a checkpoint was trained from, or "" for other models.
+std::string torchscript_source(const CheckpointMeta& meta) {
+  const json source = meta.extra.value("model_source", json::object());
+  if (source.value("kind", "") == "torchscript") return source.value("path", "");
+  const json model = meta.config.value("model", json::object());
+  return model.value("torchscript", "");  // written before model_source was recorded
+}
+
+}  // namespace
+
+int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out) {
+  std::error_code ec;
+  if (!stdfs::is_directory(ckpt_dir, ec))
+    throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
+  if (to.empty()) throw ConfigError("gpurun export: --to FILE must not be empty");
+  const stdfs::path parent = stdfs::absolute(to, ec).parent_path();
+  if (!stdfs::is_directory(parent, ec))
+    throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
+                      " does not exist");
+
+  const LoadedCheckpoint checkpoint = choose(ckpt_dir);
+  const CheckpointMeta& meta = checkpoint.meta;
+  const std::string& model_pt = checkpoint.file("model.pt");
+  const NamedTensors weights = unpickle_tensors(model_pt, checkpoint.info.path + "/model.pt");
+  if (digest_of(weights) != meta.model_digest)
+    throw ResumeError(checkpoint.info.path + "/model.pt does not match the manifest's model_digest " +
+                      meta.model_digest);
+
+  const std::string module = torchscript_source(meta);
+  std::string format = "state_dict (torch.load)";
+  if (module.empty()) {
+    fs::replace_file(to, model_pt);
+  } else {
+    if (!stdfs::is_regular_file(module, ec))
+      throw ConfigError("gpurun export: " + checkpoint.info.name +
+                        " was trained from the TorchScript module " + module +
+                        ", which is gone; export needs it for the module's code (the weights "
+                        "alone are in " + checkpoint.info.path + "/model.pt)");
+    RunConfig current;
+    current.model.torchscript = module;
+    const std::string changed = compare_model_source(
+        meta.extra.value("model_source", json::object()), describe_model_source(current));
+    if (!changed.empty()) spdlog::warn("{}", changed);
+    save_torchscript_with_weights(module, weights, to);
+    format = "TorchScript module (torch.jit.load)";
+  }
+  out << "exported " << checkpoint.info.path << " (global step " << meta.global_step
+      << ", model_digest " << meta.model_digest << ") to " << to << " as a " << format << "\n";
+  return kExitOk;
+}
+
+}  // namespace gpurun

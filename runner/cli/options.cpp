@@ -1,0 +1,71 @@
+#include "cli/options.h"
+
+namespace gpurun {
+namespace {
+
+constexpr const char* kRun = "Run";
+constexpr const char* kDistributed = "Distributed (DDP; under Slurm these come from SLURM_*)";
+constexpr const char* kExport = "Export";
+constexpr const char* kOutput = "Output";
+
+using T = OptionSpec::Type;
+
+}  // namespace
+
+const std::vector<OptionSpec>& option_table() {
+  // clang-format off
+  static const std::vector<OptionSpec> table = {
+    {kRun, "ckpt", T::kString, "DIR", "", "checkpoint directory (local or network storage); created when missing"},
+    {kRun, "resume", T::kFlag, "", "", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none"},
+    {kRun, "run-dir", T::kString, "DIR", "", "where metrics.jsonl and status.json go (default: the --ckpt directory)"},
+    {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
+    {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
+    {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
+    {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times", true},
+    {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", true},
+    {kRun, "memory-limit", T::kString, "SIZE", "", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator"},
+    {kDistributed, "nproc-per-node", T::kInt, "N", "", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", true},
+    {kDistributed, "nnodes", T::kInt, "N", "", "nodes in the job", true},
+    {kDistributed, "node-rank", T::kInt, "R", "", "this node's index, 0..nnodes-1", true},
+    {kDistributed, "master-addr", T::kString, "HOST", "", "host of rank 0 (the rendezvous store)", true},
+    {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
+    {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to"},
+    {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
+    {kOutput, "h,help", T::kFlag, "", "", "show this help"},
+    {kOutput, "version", T::kFlag, "", "", "print the version"},
+  };
+  // clang-format on
+  return table;
+}
+
+const std::vector<std::string>& option_groups() {
+  static const std::vector<std::string> groups = {kRun, kDistributed, kExport, kOutput};
+  return groups;
+}
+
+std::vector<std::string> without_launcher_options(const std::vector<std::string>& argv) {
+  if (argv.empty()) return {};
+  std::vector<std::string> out{argv[0]};
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    bool dropped = false;
+    for (const OptionSpec& o : option_table()) {
+      if (!o.launcher_only) continue;
+      const std::string flag = std::string("--") + o.name;
+      const bool takes_value = o.type != OptionSpec::Type::kFlag;
+      if (a == flag) {
+        i += takes_value ? 1 : 0;
+        dropped = true;
+        break;
+      }
+      if (takes_value && a.rfind(flag + "=", 0) == 0) {
+        dropped = true;
+        break;
+      }
+    }
+    if (!dropped) out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace gpurun

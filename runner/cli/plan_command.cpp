@@ -1,0 +1,136 @@
+#include "cli/plan_command.h"
+
+#include <cstdio>
+#include <ostream>
+
+#include "memory/meter.h"
+#include "gpurun/model.h"
+#include "train/run_setup.h"
+#include "report/reporter.h"
+#include "util/units.h"
+
+namespace gpurun {
+namespace {
+
+/// peak(b) = fixed + b x per_sample, in bytes.
+struct Line {
+  double fixed = 0, per_sample = 0;
+  double at(int64_t b) const { return fixed + per_sample * static_cast<double>(b); }
+};
+
+/// What a card of `bytes` allows, predicted from the lines: as configured, with accumulation,
+/// with activation checkpointing, or not at all.
+nlohmann::json card_verdict(const std::string& name, int64_t bytes, const RunConfig& c,
+                            int64_t micro, const Line& plain, const Line* checkpointed) {
+  const double usable = static_cast<double>(bytes) * (1.0 - c.memory.headroom);
+  nlohmann::json j = {{"card", name}, {"capacity_bytes", bytes},
+                      {"predicted_peak_bytes", static_cast<int64_t>(plain.at(micro))}};
+  if (plain.at(micro) <= usable) {
+    j["fits"] = "as configured";
+    return j;
+  }
+  const int64_t per_rank = c.train.batch_size;
+  for (int64_t d : divisors_descending(per_rank)) {
+    if (d >= micro) continue;
+    if (plain.at(d) <= usable) {
+      j["fits"] = "gradient accumulation: micro-batch " + std::to_string(d) + " x " +
+                  std::to_string(per_rank / d);
+      j["predicted_peak_bytes"] = static_cast<int64_t>(plain.at(d));
+      return j;
+    }
+    if (checkpointed && checkpointed->at(d) <= usable) {
+      j["fits"] = "activation checkpointing + accumulation: micro-batch " + std::to_string(d) +
+                  " x " + std::to_string(per_rank / d);
+      j["predicted_peak_bytes"] = static_cast<int64_t>(checkpointed->at(d));
+      return j;
+    }
+  }
+  j["fits"] = "does not fit";
+  return j;
+}
+
+}  // namespace
+
+int plan_command(const RunConfig& config, const std::string& device, int64_t memory_limit,
+                 bool json, const Registry& registry, std::ostream& out) {
+  Session session = open_session(config, device, memory_limit, registry);
+  const MemoryPlan plan = make_plan(config, session, 1, std::nullopt);
+  const Estimate estimate = estimate_for(config, session, plan);
+
+  // Two sizes without checkpointing and one with fix the lines for the card table.
+  const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
+  Prober prober(*session.model, session.data, config.optim, *session.meter,
+                config.memory.probe_steps, session.device);
+  session.model->set_checkpointed({});
+  const Probe full = prober.train(micro, false);
+  const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
+  Line plain;
+  const Estimate at_micro = estimate_for(config, session, [&] {
+    MemoryPlan p = plan;
+    p.micro_batch = micro;
+    p.activation_checkpointing = false;
+    return p;
+  }());
+  plain.per_sample = static_cast<double>(at_micro.activations) / micro;
+  if (!full.out_of_memory && !half.out_of_memory && half.micro_batch < micro)
+    plain.per_sample =
+        static_cast<double>(full.peak_bytes - half.peak_bytes) / (micro - half.micro_batch);
+  const Probe& anchor = full.out_of_memory ? half : full;
+  plain.fixed = anchor.out_of_memory ? static_cast<double>(at_micro.total() - at_micro.activations)
+                                     : anchor.peak_bytes - plain.per_sample * anchor.micro_batch;
+  std::optional<Line> checkpointed;
+  if (!session.model->segments().empty()) {
+    const Probe ck = prober.train(micro, true);
+    if (!ck.out_of_memory)
+      checkpointed = Line{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
+  }
+  session.model->set_checkpointed(
+      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
+                                    : std::vector<bool>{});
+
+  const int64_t n = session.data.train->size();
+  const int64_t steps = (n + plan.global_batch - 1) / plan.global_batch * config.train.epochs;
+  const double eta = static_cast<double>(steps) * plan.accumulation_steps * plan.step_seconds;
+  nlohmann::json result = plan.to_json();
+  result["device"] = session.meter->device_name();
+  result["breakdown"] = estimate.to_json();
+  result["eta_seconds"] = eta;
+  result["total_steps"] = steps;
+  result["cards"] = nlohmann::json::array();
+  for (const auto& [name, bytes] : common_cards())
+    result["cards"].push_back(
+        card_verdict(name, bytes, config, micro, plain, checkpointed ? &*checkpointed : nullptr));
+  if (json) {
+    out << result.dump() << "\n";
+    return 0;
+  }
+  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * (a - b) / b : 0.0; };
+  char line[256];
+  out << "device          " << session.meter->device_name() << ", capacity "
+      << format_bytes(plan.capacity_bytes) << " (headroom " << config.memory.headroom * 100
+      << "%)\n";
+  out << "plan            micro-batch " << plan.micro_batch << " x accumulation "
+      << plan.accumulation_steps << " = global batch " << plan.global_batch
+      << (plan.activation_checkpointing ? ", activation checkpointing" : "") << "; eval batch "
+      << plan.eval_batch << " (" << plan.reason << ")\n";
+  std::snprintf(line, sizeof line, "peak memory     measured %s, estimated %s (%+.0f%%)\n",
+                format_bytes(plan.measured_peak_bytes).c_str(),
+                format_bytes(estimate.total()).c_str(),
+                pct(estimate.total(), plan.measured_peak_bytes));
+  out << line;
+  out << "  estimate      parameters+buffers " << format_bytes(estimate.parameters)
+      << ", gradients " << format_bytes(estimate.gradients) << ", optimizer state "
+      << format_bytes(estimate.optimizer_state) << ", activations "
+      << format_bytes(estimate.activations) << "\n";
+  std::snprintf(line, sizeof line, "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
+                plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
+  out << line << "\ncommon cards (predicted):\n";
+  for (const auto& card : result["cards"]) {
+    std::snprintf(line, sizeof line, "  %-34s %s\n", card["card"].get<std::string>().c_str(),
+                  card["fits"].get<std::string>().c_str());
+    out << line;
+  }
+  return 0;
+}
+
+}  // namespace gpurun

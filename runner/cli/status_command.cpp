@@ -1,0 +1,73 @@
+#include "cli/status_command.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "gpurun/errors.h"
+#include "report/reporter.h"
+#include "util/fs.h"
+#include "util/clock.h"
+
+namespace gpurun {
+
+int status_command(const std::string& run_dir, bool json, std::ostream& out) {
+  std::string text;
+  try {
+    text = fs::read_file(run_dir + "/status.json");
+  } catch (const IoError& e) {
+    throw ConfigError("no run in " + run_dir + ": " + e.what());
+  }
+  nlohmann::json s = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (s.is_discarded()) throw Error(run_dir + "/status.json is not valid JSON");
+  const double age = unix_seconds() - s.value("updated", 0.0);
+  s["seconds_since_update"] = age;
+  // A run killed outright (SIGKILL, OOM killer, power) never wrote its last state.
+  if (s.value("state", "") == "running" && s.value("host", "") == host_name() &&
+      s.contains("pid") && kill(static_cast<pid_t>(s["pid"].get<int64_t>()), 0) != 0 &&
+      errno == ESRCH)
+    s["state"] = "dead";
+  if (json) {
+    out << s.dump() << "\n";
+    return kExitOk;
+  }
+  auto get = [&](const char* key) {
+    if (!s.contains(key)) return std::string("-");
+    if (!s[key].is_number_float()) return s[key].dump();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", s[key].get<double>());
+    return std::string(buf);
+  };
+  // status.json counts epochs from 0, as metrics.jsonl does; people count from 1, as the
+  // progress line does. A finished run's epoch is the count done.
+  std::string epoch = get("epoch");
+  if (s.contains("epoch") && s["epoch"].is_number_integer()) {
+    int64_t e = s["epoch"].get<int64_t>() + 1;
+    if (s.contains("epochs") && s["epochs"].is_number_integer())
+      e = std::min(e, s["epochs"].get<int64_t>());
+    epoch = std::to_string(e);
+  }
+  const bool live = s.value("state", "") == "running";
+  out << "run dir         " << run_dir << "\n"
+      << "state           " << s.value("state", "?")
+      << (s.value("state", "") == "dead" ? " (its process is gone: run again with --resume)" : "")
+      << " (updated " << format_duration(age)
+      << " ago, pid " << get("pid") << " on " << s.value("host", "?") << ")\n"
+      << "epoch           " << epoch << " of " << get("epochs") << "\n"
+      << "step            " << get("global_step") << " of " << get("total_steps") << "\n"
+      << "loss            " << get("loss") << "\n"
+      << "samples/s       " << get("samples_per_second") << "\n"
+      << "ETA             " << (live ? format_duration(s.value("eta_seconds", -1.0)) : "-") << "\n"
+      << "last checkpoint " << s.value("last_checkpoint", std::string("none")) << "\n"
+      << "restarts        " << get("restarts") << "\n";
+  return kExitOk;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,62 @@
+// Asynchronous checkpoint writes: the trainer copies its state to host memory at a step
+// boundary (the stall) and a background thread writes it to the (possibly slow, network)
+// checkpoint directory while training goes on. At most one write is in flight: a new save
+// first waits for the previous one, and that wait counts as stall.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/store.h"
+
+namespace gpurun {
+
+/// The outcome of one background write.
+struct WriteOutcome {
+  CheckpointMeta meta;
+  std::optional<SaveResult> result;  ///< set when the write succeeded
+  std::string error;                 ///< what failed otherwise (IoError's message)
+  int error_number = 0;              ///< its errno
+  double queued_seconds = 0;         ///< from submit() to the end of the write
+};
+
+class CheckpointWriter {
+ public:
+  /// `async` false writes in submit() itself (same outcome reporting).
+  CheckpointWriter(CheckpointStore& store, bool async);
+  ~CheckpointWriter();  ///< waits for the write in flight
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  /// Hands `snapshot` to the writer, after waiting for a write in flight; returns the seconds
+  /// spent waiting for it.
+  double submit(CheckpointSnapshot snapshot);
+
+  /// Blocks until no write is in flight.
+  void wait();
+
+  /// Outcomes of the writes finished since the last call, oldest first.
+  std::vector<WriteOutcome> finished();
+
+  bool busy() const;
+
+ private:
+  void loop();
+  WriteOutcome write(CheckpointSnapshot& snapshot);
+
+  CheckpointStore& store_;
+  const bool async_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<CheckpointSnapshot> pending_;
+  bool writing_ = false, stopping_ = false;
+  int64_t completed_ = 0;  ///< successful writes, for the after_save fault hook
+  std::vector<WriteOutcome> done_;
+  std::thread thread_;
+};
+
+}  // namespace gpurun

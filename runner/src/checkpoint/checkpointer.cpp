@@ -1,0 +1,149 @@
+#include "checkpoint/checkpointer.h"
+
+#include <ATen/ops/empty.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "distributed/collectives.h"
+#include "gpurun/errors.h"
+#include "checkpoint/lease.h"
+#include "checkpoint/train_state.h"
+#include "report/reporter.h"
+#include "util/clock.h"
+
+namespace gpurun {
+namespace {
+
+std::string tensor_bytes(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+at::Tensor uint8_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+                           Collectives* comm)
+    : config_(config),
+      options_(options),
+      reporter_(reporter),
+      comm_(comm),
+      rank_(comm ? comm->rank() : 0),
+      store_(options.ckpt_dir, config.checkpoint.keep_last),
+      writer_(store_, config.checkpoint.async) {}
+
+Checkpointer::~Checkpointer() = default;
+
+void Checkpointer::claim_directory() {
+  if (rank_ != 0) return;
+  try {
+    lease_ = Lease::acquire(options_.ckpt_dir, config_.checkpoint.lease_timeout, options_.force);
+  } catch (const IoError& e) {
+    spdlog::error("cannot hold the lease of {}: {}; training goes on, but checkpoints will "
+                  "fail the same way",
+                  options_.ckpt_dir, e.what());
+  }
+  store_.clean_temporaries();
+  if (!options_.resume && store_.has_checkpoints())
+    throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
+                      store_.list(false).back().name +
+                      "); continue them with --resume, or use a new --ckpt directory");
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::choose() {
+  std::optional<LoadedCheckpoint> loaded;
+  if (options_.resume && rank_ == 0) loaded = store_.load_latest();
+  if (!comm_) return loaded;
+  const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
+  if (rank_ != 0 && !path.empty()) loaded = CheckpointStore::load(path);
+  return loaded;
+}
+
+void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
+  last_saved_step_ = global_step;
+  last_checkpoint_ = path;
+}
+
+bool Checkpointer::minutes_due() const {
+  const double every = config_.checkpoint.every_minutes;
+  return every > 0 && seconds_since(last_save_time_) >= every * 60;
+}
+
+void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
+                        torch::optim::Optimizer& optimizer) {
+  const int64_t step = meta.global_step;
+  // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
+  std::vector<at::Tensor> rank_rng;
+  if (comm_) {
+    const std::vector<std::string> states = comm_->gather(tensor_bytes(cpu_rng_state()));
+    for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
+  }
+  if (rank_ == 0) {
+    if (lease_ && (lease_->lost() || !lease_->still_ours()))
+      throw ConfigError("another run took over " + options_.ckpt_dir +
+                        " (lease.json); stopping without saving, so that two runs never "
+                        "interleave checkpoints");
+    // The stall: copying the state to host memory, plus waiting for a write still in flight.
+    const auto stall_start = Clock::now();
+    writer_.submit(capture_state(model, optimizer, std::move(meta), rank_rng));
+    stalls_[step] = seconds_since(stall_start);
+  }
+  last_saved_step_ = step;
+  last_save_time_ = Clock::now();
+  report_finished();
+}
+
+void Checkpointer::report_finished() {
+  for (WriteOutcome& o : writer_.finished()) {
+    const int64_t step = o.meta.global_step;
+    const double stall = stalls_[step];
+    stalls_.erase(step);
+    if (!o.result) {
+      ++failed_saves_;
+      reporter_.end_progress();
+      spdlog::error("checkpoint of global step {} failed: {}; the last complete checkpoint "
+                    "({}) is untouched; training goes on and saves again at the next "
+                    "checkpoint ({} of {} failures in a row)",
+                    step, o.error, last_checkpoint_.empty() ? "none" : last_checkpoint_,
+                    failed_saves_, config_.checkpoint.max_failures);
+      reporter_.event("checkpoint_failed", {{"global_step", step}, {"error", o.error},
+                                            {"errno", o.error_number},
+                                            {"failures_in_a_row", failed_saves_}});
+      if (failed_saves_ >= config_.checkpoint.max_failures)
+        throw Error("stopping: " + std::to_string(failed_saves_) +
+                    " checkpoints in a row failed; last error: " + o.error);
+      continue;
+    }
+    failed_saves_ = 0;
+    const SaveResult& r = *o.result;
+    last_checkpoint_ = r.path;
+    const double save_seconds = stall + r.write_seconds;
+    if (!warned_grace_ && save_seconds > config_.checkpoint.grace_seconds) {
+      warned_grace_ = true;
+      spdlog::warn("a checkpoint takes {:.1f} s, more than checkpoint.grace_seconds ({:.0f} s): "
+                   "a spot reclaim or Slurm's signal may not leave time to save",
+                   save_seconds, config_.checkpoint.grace_seconds);
+    }
+    reporter_.event("checkpoint", {{"path", r.path},
+                                   {"epoch", o.meta.epoch},
+                                   {"global_step", step},
+                                   {"bytes", r.bytes},
+                                   {"stall_seconds", stall},
+                                   {"write_seconds", r.write_seconds}});
+    reporter_.status({{"last_checkpoint", r.path}}, true);
+  }
+}
+
+void Checkpointer::drain() {
+  writer_.wait();
+  report_finished();
+}
+
+}  // namespace gpurun

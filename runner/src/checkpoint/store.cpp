@@ -1,0 +1,536 @@
+#include "checkpoint/store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+#include <tuple>
+
+#include <spdlog/spdlog.h>
+#include <torch/version.h>  // TORCH_VERSION only; this file must not pull in torch/torch.h
+
+#include "gpurun/errors.h"
+#include "util/faults.h"
+#include "util/fs.h"
+#include "util/hash.h"
+#include "util/version.h"
+
+
+namespace gpurun {
+namespace {
+
+namespace stdfs = std::filesystem;
+using json = nlohmann::json;
+using Files = std::vector<std::pair<std::string, std::string>>;
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "LATEST";
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (stdfs::path(dir) / name).string();
+}
+
+std::string pid_string() { return std::to_string(::getpid()); }
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// ckpt-* folders that readers consider; NAME.damaged, NAME.damaged.N are set aside for good.
+bool is_checkpoint_folder_name(const std::string& name) {
+  return starts_with(name, "ckpt-") && name.find(".damaged") == std::string::npos;
+}
+
+int64_t step_from_name(const std::string& name) {
+  long long epoch = 0, step = 0;
+  if (std::sscanf(name.c_str(), "ckpt-e%lld-s%lld", &epoch, &step) == 2) return step;
+  return -1;
+}
+
+// A file name inside a checkpoint folder: one plain path component.
+bool is_plain_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// Size and xxh3 of a file read in 1 MiB chunks (verification need not hold a whole file in
+// memory); size -1 when the file does not exist.
+std::pair<int64_t, std::string> hash_file(const std::string& path) {
+  return fs::with_retries([&] {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::make_pair(int64_t{-1}, std::string());
+      throw IoError("open", path, errno);
+    }
+    Xxh3 hash;
+    int64_t size = 0;
+    std::vector<char> buf(1 << 20);
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw IoError("read", path, err);
+      }
+      if (n == 0) break;
+      hash.update(buf.data(), static_cast<size_t>(n));
+      size += n;
+    }
+    ::close(fd);
+    return std::make_pair(size, hash.hex());
+  });
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::vector<std::string> checkpoint_folders(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& name : fs::list_dir(dir)) {
+    std::error_code ec;
+    if (is_checkpoint_folder_name(name) && stdfs::is_directory(join(dir, name), ec)) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+template <typename T>
+T get_field(const json& m, const char* key) {
+  const auto it = m.find(key);
+  if (it == m.end()) throw ResumeError(std::string("manifest.json: missing field ") + key);
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw ResumeError(std::string("manifest.json: field ") + key + " has the wrong type (" +
+                      it->type_name() + ")");
+  }
+}
+
+enum class Check { kSizes, kChecksums };
+
+// Reads DIR/NAME/manifest.json and checks every listed file: its size, and with kChecksums its
+// xxh3 (each file is read once; with `keep` its bytes are kept). What is wrong goes to
+// `problem`. A missing file is a problem; any other I/O error (EIO after retries, EACCES) is
+// thrown, because the storage failing says nothing about the checkpoint being damaged.
+CheckpointInfo examine(const std::string& path, Check check, Files* keep) {
+  CheckpointInfo info;
+  stdfs::path p = stdfs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  info.path = path;
+  info.name = p.filename().string();
+  info.global_step = step_from_name(info.name);
+
+  const auto fail = [&info](std::string problem) {
+    info.problem = std::move(problem);
+    return info;
+  };
+  std::string text;
+  try {
+    text = fs::read_file(join(path, kManifest));
+  } catch (const IoError& e) {
+    if (e.error_number() != ENOENT) throw;
+    return fail("manifest.json missing");
+  }
+  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded()) {
+    return fail("manifest.json: not valid JSON (" + std::to_string(text.size()) + " bytes)");
+  }
+  if (!m.is_object()) return fail("manifest.json: not a JSON object");
+  info.manifest = m;
+  const auto version = m.find("format_version");
+  if (version == m.end() || !version->is_number_integer()) {
+    return fail("manifest.json: no integer format_version");
+  }
+  if (version->get<int64_t>() > kCheckpointFormatVersion) {
+    return fail("manifest.json: format_version " + std::to_string(version->get<int64_t>()) +
+                " is newer than the " + std::to_string(kCheckpointFormatVersion) +
+                " this gpurun reads");
+  }
+  try {
+    info.global_step = meta_from_manifest(m).global_step;
+  } catch (const ResumeError& e) {
+    return fail(e.what());
+  }
+  const auto files = m.find("files");
+  if (files == m.end() || !files->is_object()) return fail("manifest.json: no files table");
+
+  std::vector<std::string> problems;
+  for (const auto& [name, entry] : files->items()) {
+    if (!is_plain_name(name) || name == kManifest) {
+      problems.push_back("manifest.json: bad file name '" + name + "'");
+      continue;
+    }
+    const auto bytes = entry.find("bytes");
+    const auto xxh3 = entry.find("xxh3");
+    if (!entry.is_object() || bytes == entry.end() || !bytes->is_number_integer() ||
+        xxh3 == entry.end() || !xxh3->is_string()) {
+      problems.push_back("manifest.json: bad entry for " + name);
+      continue;
+    }
+    const std::string file_path = join(path, name);
+    const int64_t want = bytes->get<int64_t>();
+    int64_t size = 0;
+    std::string data, got;
+    if (check == Check::kSizes) {
+      size = fs::file_size(file_path);
+    } else if (!keep) {
+      std::tie(size, got) = hash_file(file_path);
+    } else {
+      try {
+        data = fs::read_file(file_path);
+        size = static_cast<int64_t>(data.size());
+      } catch (const IoError& e) {
+        if (e.error_number() != ENOENT) throw;
+        size = -1;
+      }
+    }
+    if (size < 0) {
+      problems.push_back(name + ": missing");
+      continue;
+    }
+    info.bytes += size;
+    if (size != want) {
+      problems.push_back(name + ": size " + std::to_string(size) + " != " + std::to_string(want) +
+                         " in manifest");
+      continue;
+    }
+    if (check == Check::kChecksums) {
+      if (keep) got = xxh3_hex(data);
+      if (got != xxh3->get<std::string>()) {
+        problems.push_back(name + ": xxh3 mismatch (file " + got + ", manifest " +
+                           xxh3->get<std::string>() + ")");
+        continue;
+      }
+      if (keep) keep->emplace_back(name, std::move(data));
+    }
+  }
+  for (const auto& problem : problems) {
+    info.problem += (info.problem.empty() ? "" : "; ") + problem;
+  }
+  info.complete = info.problem.empty();
+  return info;
+}
+
+// The manifest of a new checkpoint; format_version first, as the first thing a reader checks.
+nlohmann::ordered_json make_manifest(const CheckpointMeta& meta, const json& files) {
+  nlohmann::ordered_json m;
+  m["format_version"] = kCheckpointFormatVersion;
+  m["gpurun_version"] = gpurun_version();
+  m["torch_version"] = TORCH_VERSION;
+  m["created"] = utc_now_iso8601();
+  m["epoch"] = meta.epoch;
+  m["global_step"] = meta.global_step;
+  m["position_in_epoch"] = meta.position_in_epoch;
+  m["world_size"] = meta.world_size;
+  m["config_hash"] = meta.config_hash;
+  m["model_digest"] = meta.model_digest;
+  m["threads"] = meta.threads;
+  m["cpu_capability"] = meta.cpu_capability;
+  m["config"] = meta.config;
+  m["plan"] = meta.plan;
+  m["extra"] = meta.extra;
+  m["files"] = files;
+  return m;
+}
+
+// Renames DIR/NAME out of the way (to a .tmp-del-* name that readers ignore and
+// clean_temporaries() removes) and then deletes it, so that a crash mid-delete never leaves a
+// half-deleted folder that looks like a checkpoint.
+void delete_folder(const std::string& dir, const std::string& name) {
+  const std::string doomed = join(dir, ".tmp-del-" + name + "-" + pid_string());
+  fs::remove_all(doomed);
+  fs::rename_durable(join(dir, name), doomed);
+  fs::remove_all(doomed);
+}
+
+// Renames a damaged checkpoint to NAME.damaged (or NAME.damaged.N when taken); returns the
+// new name.
+std::string set_aside(const std::string& dir, const std::string& name) {
+  std::string aside = name + ".damaged";
+  for (int n = 1; fs::exists(join(dir, aside)); ++n) {
+    aside = name + ".damaged." + std::to_string(n);
+  }
+  fs::rename_durable(join(dir, name), join(dir, aside));
+  return aside;
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t epoch, int64_t global_step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ckpt-e%04lld-s%07lld", static_cast<long long>(epoch),
+                static_cast<long long>(global_step));
+  return buf;
+}
+
+const std::string& LoadedCheckpoint::file(const std::string& name) const {
+  for (const auto& [file_name, bytes] : files) {
+    if (file_name == name) return bytes;
+  }
+  throw ResumeError("checkpoint " + info.name + " has no file " + name);
+}
+
+CheckpointMeta meta_from_manifest(const nlohmann::json& manifest) {
+  if (!manifest.is_object()) throw ResumeError("manifest.json: not a JSON object");
+  CheckpointMeta meta;
+  meta.epoch = get_field<int64_t>(manifest, "epoch");
+  meta.global_step = get_field<int64_t>(manifest, "global_step");
+  meta.position_in_epoch = get_field<int64_t>(manifest, "position_in_epoch");
+  meta.world_size = get_field<int64_t>(manifest, "world_size");
+  meta.config_hash = get_field<std::string>(manifest, "config_hash");
+  meta.config = get_field<json>(manifest, "config");
+  meta.model_digest = get_field<std::string>(manifest, "model_digest");
+  // Kept optional, so a manifest edited by hand or written by an older 1.x still loads.
+  if (manifest.contains("plan")) meta.plan = get_field<json>(manifest, "plan");
+  if (manifest.contains("threads")) meta.threads = get_field<int64_t>(manifest, "threads");
+  if (manifest.contains("cpu_capability")) {
+    meta.cpu_capability = get_field<std::string>(manifest, "cpu_capability");
+  }
+  if (manifest.contains("extra")) meta.extra = get_field<json>(manifest, "extra");
+  return meta;
+}
+
+CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
+    : dir_(std::move(dir)), keep_last_(keep_last) {
+  if (keep_last_ < 1) {
+    throw std::invalid_argument("checkpoint keep_last must be >= 1, got " +
+                                std::to_string(keep_last_));
+  }
+}
+
+SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
+  std::set<std::string> seen;
+  json files = json::object();
+  SaveResult result;
+  for (const auto& [name, bytes] : snapshot.files) {
+    if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
+      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
+    }
+    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
+    result.bytes += static_cast<int64_t>(bytes.size());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t attempt = ++saves_;
+  const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
+  const std::string final_path = join(dir_, name);
+  result.path = final_path;
+  fs::make_dirs(dir_);
+
+  // The same name exists when a resumed run saves the step it resumed from. A complete
+  // checkpoint is never overwritten: that step's state is already safe on disk, and replacing
+  // it could not be atomic on NFS. A folder that does not verify is not a checkpoint; it is
+  // replaced.
+  bool keep_existing = false;
+  if (fs::exists(final_path)) {
+    const CheckpointInfo existing = examine(final_path, Check::kChecksums, nullptr);
+    if (existing.complete) {
+      keep_existing = true;
+      result.bytes = existing.bytes;
+      if (existing.manifest.at("files") == files) {
+        spdlog::info("checkpoint {} already exists with the same files; keeping it", name);
+      } else {
+        spdlog::warn(
+            "checkpoint {} already exists and verifies but holds other bytes; keeping "
+            "the existing one (a complete checkpoint is never overwritten)",
+            name);
+      }
+    }
+  }
+
+  if (!keep_existing) {
+    const std::string tmp = join(dir_, ".tmp-" + name + "-" + pid_string());
+    try {
+      fs::remove_all(tmp);  // left by an earlier process that had the same pid
+      fs::make_dirs(tmp);
+      for (const auto& [file_name, bytes] : snapshot.files) {
+        fs::write_file(join(tmp, file_name), bytes);
+      }
+      fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
+      fs::sync_dir(tmp);
+      fault_point("before_rename", attempt);
+      if (fs::exists(final_path)) {
+        spdlog::warn("replacing {}, which does not verify", final_path);
+        delete_folder(dir_, name);
+      }
+      fs::rename_durable(tmp, final_path);
+    } catch (...) {
+      try {
+        fs::remove_all(tmp);
+      } catch (const std::exception& e) {
+        spdlog::warn("could not remove the temporary folder of a failed save: {}", e.what());
+      }
+      throw;
+    }
+  }
+
+  // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
+  // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.
+  fault_point("before_latest", attempt);
+  fs::replace_file(join(dir_, kLatest), name + "\n");
+  result.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Retention. Its failures are logged, not thrown: the new checkpoint is complete.
+  try {
+    const std::vector<CheckpointInfo> all = list(false);
+    std::vector<const CheckpointInfo*> complete;
+    for (const auto& info : all) {
+      if (info.complete) complete.push_back(&info);
+    }
+    const int64_t newest_step = complete.empty() ? -1 : complete.back()->global_step;
+    const size_t keep_from =
+        complete.size() > static_cast<size_t>(keep_last_) ? complete.size() - keep_last_ : 0;
+    std::vector<const CheckpointInfo*> doomed(complete.begin(), complete.begin() + keep_from);
+    for (const auto& info : all) {
+      if (!info.complete && info.global_step < newest_step) doomed.push_back(&info);
+    }
+    for (const CheckpointInfo* info : doomed) {
+      if (info->name == name) continue;
+      try {
+        delete_folder(dir_, info->name);
+        result.removed.push_back(info->name);
+        spdlog::info("retention: removed {}{}", info->name,
+                     info->complete ? "" : " (incomplete: " + info->problem + ")");
+      } catch (const std::exception& e) {
+        spdlog::warn("retention: could not remove {}: {}", info->name, e.what());
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("retention skipped: {}", e.what());
+  }
+  return result;
+}
+
+std::vector<CheckpointInfo> CheckpointStore::list(bool verify) const {
+  std::vector<CheckpointInfo> out;
+  for (const auto& name : checkpoint_folders(dir_)) {
+    out.push_back(examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes, nullptr));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
+  });
+  return out;
+}
+
+bool CheckpointStore::has_checkpoints() const { return !checkpoint_folders(dir_).empty(); }
+
+std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
+  const std::vector<CheckpointInfo> all = list(false);
+  if (all.empty()) {
+    // Only checkpoints set aside as damaged (by an earlier resume): starting fresh would
+    // silently throw that run away, the more so in a restart loop. A person decides.
+    std::vector<std::string> aside;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("ckpt-", 0) == 0 && name.find(".damaged") != std::string::npos)
+        aside.push_back(name);
+    }
+    if (aside.empty()) return std::nullopt;
+    std::sort(aside.begin(), aside.end());
+    std::string message = "no complete checkpoint in " + dir_ + ", only checkpoints set aside as "
+                          "damaged by an earlier resume:";
+    for (const auto& name : aside) message += "\n  " + name;
+    throw ResumeError(message + "\nrefusing to start over and lose that run; check the storage "
+                                "(`gpurun ckpt list " + dir_ + "`), then move them away or use "
+                                "a new --ckpt directory to start fresh");
+  }
+
+  // Newest first. Every candidate newer than the one finally loaded failed verification and
+  // is set aside; older ones are left to retention.
+  std::vector<std::string> damaged;
+  std::optional<LoadedCheckpoint> loaded;
+  for (auto it = all.rbegin(); it != all.rend() && !loaded; ++it) {
+    std::string problem = it->problem;
+    if (problem.empty()) {
+      Files files;
+      CheckpointInfo info = examine(it->path, Check::kChecksums, &files);
+      if (info.complete) {
+        CheckpointMeta meta = meta_from_manifest(info.manifest);
+        loaded = LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
+        break;
+      }
+      problem = info.problem;
+    }
+    std::string where;
+    try {
+      where = "renamed to " + set_aside(dir_, it->name);
+    } catch (const IoError& e) {
+      where = std::string("could not rename it aside: ") + e.what();
+    }
+    spdlog::warn("checkpoint {} is damaged ({}); {}; trying the previous one", it->path, problem,
+                 where);
+    damaged.push_back(it->name + " (" + problem + "; " + where + ")");
+  }
+  if (!loaded) {
+    std::string message = "no complete checkpoint in " + dir_ + ": every one failed verification:";
+    for (const auto& d : damaged) message += "\n  " + d;
+    throw ResumeError(message);
+  }
+
+  // LATEST is a hint for people and scripts; the newest verifying checkpoint decides.
+  std::string latest;
+  try {
+    latest = fs::read_file(join(dir_, kLatest));
+    latest.erase(latest.find_last_not_of(" \t\r\n") + 1);
+  } catch (const IoError& e) {
+    if (e.error_number() != ENOENT) spdlog::warn("cannot read LATEST: {}", e.what());
+  }
+  if (latest != loaded->info.name) {
+    spdlog::warn("LATEST names '{}', but the newest complete checkpoint is {}; using {}", latest,
+                 loaded->info.name, loaded->info.name);
+    try {
+      fs::replace_file(join(dir_, kLatest), loaded->info.name + "\n");
+    } catch (const IoError& e) {
+      spdlog::warn("could not correct LATEST: {}", e.what());
+    }
+  }
+  return loaded;
+}
+
+LoadedCheckpoint CheckpointStore::load(const std::string& path) {
+  Files files;
+  CheckpointInfo info = examine(path, Check::kChecksums, &files);
+  if (!info.complete) throw ResumeError("checkpoint " + path + " does not verify: " + info.problem);
+  CheckpointMeta meta = meta_from_manifest(info.manifest);
+  return LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
+}
+
+CheckpointInfo CheckpointStore::inspect(const std::string& path, bool verify) {
+  return examine(path, verify ? Check::kChecksums : Check::kSizes, nullptr);
+}
+
+void CheckpointStore::clean_temporaries() {
+  // .tmp-* are checkpoint folders being written or deleted; .LATEST.tmp-* are replace_file()'s
+  // temporaries of LATEST. Only the store writes either, so none can belong to a live writer
+  // as long as this is not called while a save runs.
+  const auto is_temporary = [](const std::string& name) {
+    return starts_with(name, ".tmp-") || starts_with(name, ".LATEST.tmp-");
+  };
+  for (const auto& name : fs::list_dir(dir_)) {
+    if (!is_temporary(name)) continue;
+    const std::string path = join(dir_, name);
+    spdlog::info("removing leftover temporary {}", path);
+    try {
+      fs::remove_all(path);
+    } catch (const IoError& e) {
+      spdlog::warn("could not remove {}: {}", path, e.what());
+    }
+  }
+}
+
+}  // namespace gpurun

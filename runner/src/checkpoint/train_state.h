@@ -1,0 +1,51 @@
+// Capture and restore of everything a resume needs, as checkpoint files:
+//   model.pt    the state_dict as a pickled name -> tensor dict (torch.load gives a plain dict)
+//   optim.pt    the optimizer's state (LibTorch's serialize archive)
+//   trainer.pt  the global CPU generator's state (drives dropout), as a pickled dict
+// Data order needs no state: epoch_permutation() is a function of (seed, epoch), and the
+// position in the epoch is in the manifest. The LR schedule is a function of global_step.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "checkpoint/store.h"
+
+namespace gpurun {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// Pickles `tensors` as a dict (insertion order kept), the format torch.save writes and
+/// torch.load reads.
+std::string pickle_tensors(const NamedTensors& tensors);
+/// Inverse of pickle_tensors. Throws ResumeError for bytes that are not such a dict.
+NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what);
+
+/// Host copies of the model, optimizer and RNG state, serialized into checkpoint files;
+/// `meta` gets the model digest, thread count and CPU capability filled in. In a distributed
+/// run `rank_rng_states` holds the other ranks' generator states (cpu_rng_state() of rank
+/// 1, 2, ...), stored in trainer.pt as "cpu_rng_state.rank<R>".
+CheckpointSnapshot capture_state(const torch::nn::Module& model,
+                                 torch::optim::Optimizer& optimizer, CheckpointMeta meta,
+                                 const std::vector<at::Tensor>& rank_rng_states = {});
+
+/// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so
+/// the optimizer's references stay valid), `optimizer` and the global CPU generator (rank
+/// `rank`'s saved state). Returns false when the checkpoint has no generator state for
+/// `rank` (it was written by fewer ranks); the generator is then left as it is.
+/// Throws ResumeError when a tensor is missing or has another shape, naming it.
+bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
+                   torch::optim::Optimizer& optimizer, int rank = 0);
+
+/// The global CPU generator's state (uint8 tensor), and its inverse.
+at::Tensor cpu_rng_state();
+void set_cpu_rng_state(const at::Tensor& state);
+
+/// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).
+std::string cpu_capability();
+
+}  // namespace gpurun

@@ -1,0 +1,624 @@
+// run.yaml: one schema table (kSchema) and everything driven by it (config.h).
+//
+// A value travels as a YAML node (from the file, from a --set, or from a manifest's JSON,
+// which is YAML too) together with the place it came from; assign() converts it to the
+// key's type and checks its limit, then cross-key rules run on the whole RunConfig.
+#include "gpurun/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <list>
+#include <map>
+#include <optional>
+#include <set>
+#include <variant>
+
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "gpurun/errors.h"
+#include "util/units.h"
+#include "util/hash.h"
+#include "config/schema.h"
+#include "config/suggest.h"
+
+namespace gpurun {
+namespace {
+
+/// Whether `text` is a whole decimal integer (data.label as a column index).
+bool is_integer(const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  return !text.empty() && ec == std::errc() && ptr == end;
+}
+
+using json = nlohmann::json;
+using detail::Field;
+using detail::Key;
+using detail::Limit;
+using detail::schema;
+using detail::edit_distance;
+using detail::extends;
+using detail::tolerance;
+
+
+// const access through the one accessor per key; values read this way are never written.
+Field field_of(const Key& key, const RunConfig& c) { return key.field(const_cast<RunConfig&>(c)); }
+
+std::string section_of(const std::string& dotted) { return dotted.substr(0, dotted.find('.')); }
+std::string last_of(const std::string& dotted) { return dotted.substr(dotted.rfind('.') + 1); }
+
+std::vector<std::string> sections() {
+  std::vector<std::string> out;
+  for (const Key& k : schema()) {
+    if (std::find(out.begin(), out.end(), section_of(k.name)) == out.end()) {
+      out.push_back(section_of(k.name));
+    }
+  }
+  return out;
+}
+
+const Key* find_key(const std::string& name) {
+  for (const Key& k : schema()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+
+/// The nearest key by full dotted name or by last component (a key put under the wrong
+/// section, "optim.epochs"); ties go to the closer full name. Distances are held to the
+/// last components' tolerance, as the section prefix would make any two keys look close.
+/// Empty when none is reasonably close.
+std::string nearest_key(const std::string& wrong) {
+  std::pair<size_t, size_t> best{SIZE_MAX, SIZE_MAX};
+  std::string found;
+  for (const Key& k : schema()) {
+    const std::string wrong_last = last_of(wrong), key_last = last_of(k.name);
+    const size_t full = edit_distance(wrong, k.name);
+    const size_t last = edit_distance(wrong_last, key_last);
+    const size_t most = tolerance(wrong_last, key_last);
+    if (full > most && last > most && !extends(wrong_last, key_last)) continue;
+    const std::pair<size_t, size_t> score{std::min(full, last), full};
+    if (score < best) best = score, found = k.name;
+  }
+  return found;
+}
+
+std::string nearest_of(const std::string& wrong, const std::vector<std::string>& names) {
+  size_t best = SIZE_MAX;
+  std::string found;
+  for (const std::string& name : names) {
+    const size_t d = edit_distance(wrong, name);
+    if ((d <= tolerance(wrong, name) || extends(wrong, name)) && d < best) best = d, found = name;
+  }
+  return found;
+}
+
+std::string unknown_section_message(const std::string& name) {
+  std::string guess = nearest_of(name, sections());
+  if (guess.empty() && name.find('.') == std::string::npos) guess = nearest_key(name);
+  return "unknown section " + name + (guess.empty() ? "" : "; did you mean " + guess + "?") +
+         " (sections: " + join(sections(), ", ") + ")";
+}
+
+std::string unknown_key_message(const std::string& name) {
+  std::string out = "unknown key " + name;
+  const std::string guess = nearest_key(name);
+  if (!guess.empty()) return out + "; did you mean " + guess + "?";
+  const std::string section = section_of(name);
+  std::vector<std::string> keys;
+  for (const Key& k : schema()) {
+    if (section_of(k.name) == section) keys.push_back(last_of(k.name));
+  }
+  if (keys.empty() || name.find('.') == std::string::npos) {
+    return out + " (sections: " + join(sections(), ", ") + ")";
+  }
+  return out + " (" + section + " keys: " + join(keys, ", ") + ")";
+}
+
+// --- values ---------------------------------------------------------------------------
+
+std::string format_value(const Field& f) {
+  if (auto* i = std::get_if<int64_t*>(&f)) return std::to_string(**i);
+  if (auto* d = std::get_if<double*>(&f)) return json(**d).dump();
+  if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
+  if (auto* s = std::get_if<std::string*>(&f)) return (*s)->empty() ? "\"\"" : **s;
+  std::vector<std::string> items;
+  for (int64_t v : *std::get<std::vector<int64_t>*>(f)) items.push_back(std::to_string(v));
+  return "[" + join(items, ", ") + "]";
+}
+
+json value_json(const Field& f) {
+  return std::visit([](auto* p) { return json(*p); }, f);
+}
+
+bool plain(const YAML::Node& n) { return n.IsScalar() && n.Tag() != "!"; }  // not quoted
+
+std::optional<int64_t> to_int(const YAML::Node& n) {
+  if (!plain(n)) return std::nullopt;
+  const std::string& s = n.Scalar();
+  const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+  const char* end = s.data() + s.size();
+  int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(begin, end, v);
+  if (begin == end || (*begin == '-' && begin != s.data()) || ec != std::errc() || ptr != end) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+// YAML floats (1e-3, 0.5, 3) in the C locale; nan and inf are refused.
+std::optional<double> to_double(const YAML::Node& n) {
+  if (!plain(n)) return std::nullopt;
+  const std::string& s = n.Scalar();
+  const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+  const char* end = s.data() + s.size();
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(begin, end, v);
+  if (begin == end || ec != std::errc() || ptr != end || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> to_bool(const YAML::Node& n) {
+  if (!plain(n)) return std::nullopt;
+  const std::string& s = n.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+/// A node as the user wrote it: numbers bare, text quoted, lists and maps in flow style.
+std::string show(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "nothing";
+  if (n.IsScalar()) {
+    return to_double(n) || to_bool(n) ? n.Scalar() : json(n.Scalar()).dump();
+  }
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  out.SetMapFormat(YAML::Flow);
+  out << n;
+  return out.c_str();
+}
+
+/// Converts `n` to the key's type and checks its limit; on success stores it in `c` and
+/// returns "", otherwise returns the message (without the location).
+std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
+  const Limit& limit = key.limit;
+  const Field f = key.field(c);
+  const std::string name = key.name;
+  const auto type_error = [&](const char* what) {
+    return name + " must be " + what + ", got " + show(n);
+  };
+  const auto range_error = [&](const std::string& got) {
+    return name + " must be " + limit.describe() + ", got " + got;
+  };
+  if (auto* i = std::get_if<int64_t*>(&f)) {
+    const auto v = to_int(n);
+    if (!v) return type_error("an integer");
+    if (!limit.admits(static_cast<double>(*v))) return range_error(std::to_string(*v));
+    **i = *v;
+  } else if (auto* d = std::get_if<double*>(&f)) {
+    const auto v = to_double(n);
+    if (!v) return type_error("a number");
+    if (!limit.admits(*v)) return range_error(json(*v).dump());
+    **d = *v;
+  } else if (auto* b = std::get_if<bool*>(&f)) {
+    const auto v = to_bool(n);
+    if (!v) return type_error("true or false");
+    **b = *v;
+  } else if (auto* s = std::get_if<std::string*>(&f)) {
+    if (!n.IsScalar()) return type_error("a string");
+    const std::string& v = n.Scalar();
+    const bool listed =
+        std::find(limit.choices.begin(), limit.choices.end(), v) != limit.choices.end();
+    if (limit.size && !listed) {
+      try {
+        parse_size(v);
+      } catch (const ConfigError&) {
+        return range_error(show(n));
+      }
+    } else if (!limit.choices.empty() && !listed) {
+      const std::string guess = nearest_of(v, limit.choices);
+      return range_error(show(n)) + (guess.empty() ? "" : "; did you mean " + guess + "?");
+    } else if (limit.non_empty && v.empty()) {
+      return name + " must not be empty";
+    }
+    **s = v;
+  } else {
+    const char* what = "a non-empty list of integers like [64, 32]";
+    if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
+    std::vector<int64_t> values;
+    for (const YAML::Node& item : n) {
+      const auto v = to_int(item);
+      if (!v) return type_error(what);
+      if (!limit.admits(static_cast<double>(*v))) {
+        return name + " must be a list of integers " + limit.describe() + ", got " + show(n);
+      }
+      values.push_back(*v);
+    }
+    *std::get<std::vector<int64_t>*>(f) = std::move(values);
+  }
+  return "";
+}
+
+// --- assembling a RunConfig -----------------------------------------------------------
+
+struct Setting {
+  const Key* key;
+  YAML::Node value;
+  std::string where;  ///< "run.yaml:7", "--set train.epochs=3"
+};
+
+/// Values by key in the order they were last set (a later setting replaces an earlier one),
+/// plus the errors found so far; build() applies, cross-checks and throws them all at once.
+class Assembly {
+ public:
+  explicit Assembly(std::string source) : source_(std::move(source)) {}
+
+  void set(const Key& key, YAML::Node value, std::string where) {
+    // A std::list, because YAML::Node's assignment writes through to the node it refers to:
+    // shifting Settings in a vector would overwrite one value of the parsed tree with another.
+    settings_.remove_if([&](const Setting& s) { return s.key == &key; });
+    settings_.push_back({&key, std::move(value), std::move(where)});
+  }
+  void fail(const std::string& where, const std::string& message) {
+    errors_.push_back(where.empty() ? message : where + ": " + message);
+  }
+  /// The place of the later-set of `a` and `b`, naming the other's when it differs.
+  std::string where(const std::string& a, const std::string& b) const {
+    std::vector<std::string> places;
+    for (auto it = settings_.rbegin(); it != settings_.rend(); ++it) {
+      if (it->key->name == a || it->key->name == b) places.push_back(it->where);
+    }
+    if (places.empty()) return source_;
+    if (places.size() == 1 || places[0] == places[1]) return places[0];
+    return places[0] + " (and " + places[1] + ")";
+  }
+
+  RunConfig build() {
+    RunConfig c;
+    c.source = source_;
+    for (const Setting& s : settings_) {
+      const std::string message = assign(*s.key, s.value, c);
+      if (!message.empty()) fail(s.where, message);
+    }
+    if (errors_.empty()) check_model_source(c);
+    if (errors_.empty()) check_across(c);
+    if (!errors_.empty()) throw ConfigError(join(errors_, "\n"));
+    return c;
+  }
+
+ private:
+  void check_across(const RunConfig& c) {
+    if (c.optim.nesterov && !(c.optim.momentum > 0)) {
+      fail(where("optim.nesterov", "optim.momentum"),
+           "optim.nesterov: true requires optim.momentum > 0, but optim.momentum is " +
+               json(c.optim.momentum).dump());
+    }
+    if (c.train.batch_size % c.train.accumulation_steps != 0) {
+      fail(where("train.batch_size", "train.accumulation_steps"),
+           "train.batch_size must be divisible by train.accumulation_steps, got " +
+               std::to_string(c.train.batch_size) + " and " +
+               std::to_string(c.train.accumulation_steps));
+    }
+    check_models_and_data(c);
+  }
+
+  /// Rules between the built-in models' and datasets' keys (a plugin's are its own business).
+  void check_models_and_data(const RunConfig& c) {
+    const ModelConfig& m = c.model;
+    const DataConfig& d = c.data;
+    if (m.name == "resnet" && m.blocks.size() != m.channels.size()) {
+      fail(where("model.blocks", "model.channels"),
+           "model.blocks must have one entry per stage of model.channels, got " +
+               std::to_string(m.blocks.size()) + " and " + std::to_string(m.channels.size()));
+    }
+    if (m.name == "gpt" && m.width % m.heads != 0) {
+      fail(where("model.width", "model.heads"),
+           "model.width must be divisible by model.heads, got " + std::to_string(m.width) +
+               " and " + std::to_string(m.heads));
+    }
+    if (m.name == "gpt" && d.name == "text" && m.context != 0 && m.context < d.context) {
+      fail(where("model.context", "data.context"),
+           "model.context " + std::to_string(m.context) + " is shorter than data.context " +
+               std::to_string(d.context) + ", the length of every sample; use at least " +
+               std::to_string(d.context) + ", or 0 for data.context");
+    }
+    const bool builtin_data = d.name == "idx" || d.name == "csv" || d.name == "synthetic";
+    const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
+    if (d.name == "text" && feature_model) {
+      fail(where("model.name", "data.name"),
+           "model.name " + m.name + " takes float features, but data.name text gives "
+           "character ids; use model.name gpt");
+    } else if (m.name == "gpt" && builtin_data) {
+      fail(where("model.name", "data.name"),
+           "model.name gpt takes token ids, but data.name " + d.name +
+               " gives float features; use data.name text");
+    }
+    if (d.name == "csv") {
+      if (d.delimiter.size() != 1 && d.delimiter != "\\t" && d.delimiter != "tab") {
+        fail(where("data.delimiter", "data.delimiter"),
+             "data.delimiter must be one character, \\t or tab, got " + json(d.delimiter).dump());
+      }
+      if (!d.header && !is_integer(d.label)) {
+        fail(where("data.label", "data.header"),
+             "data.label " + json(d.label).dump() +
+                 " names a column, but data.header is false; give a 0-based column index");
+      }
+    }
+  }
+
+  bool is_set(const std::string& name) const {
+    return std::any_of(settings_.begin(), settings_.end(),
+                       [&](const Setting& s) { return s.key->name == name; });
+  }
+
+  /// model.torchscript implies model.name torchscript; model.plugin needs model.name set.
+  void check_model_source(RunConfig& c) {
+    ModelConfig& m = c.model;
+    if (!m.plugin.empty() && !m.torchscript.empty()) {
+      fail(where("model.plugin", "model.torchscript"),
+           "model.plugin and model.torchscript exclude each other; set one");
+    } else if (!m.torchscript.empty()) {
+      if (is_set("model.name") && m.name != "torchscript")
+        fail(where("model.name", "model.torchscript"),
+             "model.torchscript is set, so model.name must be torchscript (or left out), got " +
+                 m.name);
+      m.name = "torchscript";
+    } else if (m.name == "torchscript") {
+      fail(where("model.name", "model.torchscript"),
+           "model.name: torchscript needs model.torchscript: FILE (a torch.jit.script module)");
+    } else if (!m.plugin.empty() && !is_set("model.name")) {
+      fail(where("model.plugin", "model.name"),
+           "model.plugin is set, so model.name must name one of the plugin's models");
+    }
+  }
+
+  std::string source_;
+  std::list<Setting> settings_;
+  std::vector<std::string> errors_;
+};
+
+std::string at_line(const std::string& source, const YAML::Mark& mark) {
+  if (mark.is_null()) return source;
+  return source + ":" + std::to_string(mark.line + 1);  // yaml-cpp counts lines from 0
+}
+
+/// Reads the file's sections (and top-level dotted keys) into `a`.
+void read_yaml(const YAML::Node& root, const std::string& source, Assembly& a) {
+  if (!root.IsDefined() || root.IsNull()) return;  // an empty file: all defaults
+  if (!root.IsMap()) {
+    a.fail(at_line(source, root.Mark()),
+           "expected a mapping of sections (" + join(sections(), ":, ") + ":), got " + show(root));
+    return;
+  }
+  std::map<std::string, std::string> seen;  // key -> where first set
+  const auto add = [&](const std::string& name, const YAML::Node& key, const YAML::Node& value) {
+    const std::string where = at_line(source, key.Mark());
+    const Key* k = find_key(name);
+    const auto [it, fresh] = seen.emplace(name, where);
+    if (!k) {
+      a.fail(where, unknown_key_message(name));
+    } else if (!fresh) {
+      a.fail(where, "duplicate key " + name + " (first set at " + it->second + ")");
+    } else {
+      a.set(*k, value, where);
+    }
+  };
+  const std::vector<std::string> known = sections();
+  for (const auto& entry : root) {
+    const YAML::Node& key = entry.first;
+    const YAML::Node& value = entry.second;
+    const std::string where = at_line(source, key.Mark());
+    if (!key.IsScalar()) {
+      a.fail(where, "expected a section name, got " + show(key));
+    } else if (key.Scalar().find('.') != std::string::npos) {
+      add(key.Scalar(), key, value);  // "train.epochs: 3" at the top level
+    } else if (std::find(known.begin(), known.end(), key.Scalar()) == known.end()) {
+      a.fail(where, unknown_section_message(key.Scalar()));
+    } else if (value.IsMap()) {
+      for (const auto& item : value) {
+        if (!item.first.IsScalar()) {
+          a.fail(at_line(source, item.first.Mark()), "expected a key, got " + show(item.first));
+        } else {
+          add(key.Scalar() + "." + item.first.Scalar(), item.first, item.second);
+        }
+      }
+    } else if (!value.IsNull()) {  // "model:" with nothing under it is fine
+      a.fail(where, "section " + key.Scalar() + " must be a mapping of keys, got " + show(value));
+    }
+  }
+}
+
+/// Reads "key=value" overrides into `a`. String keys take the text verbatim (unless quoted),
+/// other keys parse it as a YAML scalar or flow node, so "model.hidden=[64,32]" works.
+void read_overrides(const std::vector<std::string>& overrides, Assembly& a) {
+  for (const std::string& text : overrides) {
+    const std::string where = "--set " + text;
+    const size_t eq = text.find('=');
+    const size_t first = text.find_first_not_of(' ');
+    const size_t last = eq == std::string::npos ? eq : text.find_last_not_of(' ', eq - 1);
+    if (eq == std::string::npos || eq == 0 || first >= eq || last >= eq) {
+      a.fail(where, "expected KEY=VALUE, e.g. --set train.epochs=3");
+      continue;
+    }
+    const std::string name = text.substr(first, last - first + 1), value = text.substr(eq + 1);
+    const Key* k = find_key(name);
+    if (!k) {
+      a.fail(where, unknown_key_message(name));
+      continue;
+    }
+    const bool quoted = !value.empty() && (value[0] == '"' || value[0] == '\'');
+    RunConfig probe;  // only to learn the key's type
+    if (std::holds_alternative<std::string*>(k->field(probe)) && !quoted) {
+      a.set(*k, YAML::Node(value), where);
+      continue;
+    }
+    try {
+      a.set(*k, YAML::Load(value), where);
+    } catch (const YAML::Exception& e) {
+      a.fail(where, "invalid value for " + name + ": " + e.msg);
+    }
+  }
+}
+
+}  // namespace
+
+std::string detail::Limit::describe() const {
+  if (!choices.empty()) {
+    return (size ? "a size like 24GiB or one of " : "one of ") + join(choices, ", ");
+  }
+  if (std::isfinite(lo) && std::isfinite(hi)) {
+    return std::string("in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
+           format_number(hi) + (hi_open ? ")" : "]");
+  }
+  if (std::isfinite(lo)) return (lo_open ? "> " : ">= ") + format_number(lo);
+  if (std::isfinite(hi)) return (hi_open ? "< " : "<= ") + format_number(hi);
+  return non_empty ? "non-empty" : "";
+}
+
+RunConfig parse_config(const std::string& yaml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(at_line(source_name, e.mark) + ": invalid YAML: " + e.msg);
+  }
+  Assembly a(source_name);
+  read_yaml(root, source_name, a);
+  read_overrides(overrides, a);
+  return a.build();
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  std::string text;
+  int err = file ? 0 : errno;
+  if (file) {
+    char buf[1 << 16];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) text.append(buf, n);
+    if (std::ferror(file)) err = errno ? errno : EIO;
+    std::fclose(file);
+  }
+  if (err != 0) throw ConfigError("cannot read " + path + ": " + std::strerror(err));
+  RunConfig config = parse_config(text, path, overrides);
+  std::error_code ec;
+  config.base_dir = std::filesystem::absolute(path, ec).parent_path().string();
+  return config;
+}
+
+std::string config_path(const RunConfig& config, const std::string& path) {
+  if (path.empty() || config.base_dir.empty() || std::filesystem::path(path).is_absolute())
+    return path;
+  return (std::filesystem::path(config.base_dir) / path).lexically_normal().string();
+}
+
+nlohmann::json config_to_json(const RunConfig& config) {
+  json j = json::object();
+  for (const Key& k : schema()) {
+    j[section_of(k.name)][last_of(k.name)] = value_json(field_of(k, config));
+  }
+  return j;
+}
+
+RunConfig config_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw ConfigError("config JSON must be an object, got " + j.dump());
+  Assembly a("");
+  const std::string where = "config JSON";
+  std::set<std::string> bad_sections;
+  for (const Key& k : schema()) {
+    const std::string section = section_of(k.name);
+    const auto s = j.find(section);
+    if (s == j.end()) continue;  // missing: the default, so older manifests still load
+    if (!s->is_object()) {
+      if (bad_sections.insert(section).second) {
+        a.fail(where, section + " must be an object, got " + s->dump());
+      }
+      continue;
+    }
+    const auto v = s->find(last_of(k.name));
+    if (v == s->end()) continue;
+    try {
+      a.set(k, YAML::Load(v->dump()), where);  // JSON is YAML; strings stay quoted
+    } catch (const YAML::Exception& e) {
+      a.fail(where, std::string(k.name) + ": " + e.msg);
+    }
+  }
+  return a.build();
+}
+
+std::vector<std::string> training_keys() {
+  std::vector<std::string> keys;
+  for (const Key& k : schema()) {
+    if (k.hashed) keys.push_back(k.name);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::string config_hash(const RunConfig& config) {
+  json j = json::object();  // std::map underneath: dump() is sorted, hence canonical
+  for (const Key& k : schema()) {
+    if (k.hashed) j[k.name] = value_json(field_of(k, config));
+  }
+  return xxh3_hex(j.dump());
+}
+
+std::vector<std::string> changed_training_keys(const RunConfig& a, const RunConfig& b) {
+  std::vector<std::string> changed;
+  for (const Key& k : schema()) {
+    if (!k.hashed || value_json(field_of(k, a)) == value_json(field_of(k, b))) continue;
+    changed.push_back(std::string(k.name) + ": " + format_value(field_of(k, a)) + " -> " +
+                      format_value(field_of(k, b)));
+  }
+  return changed;
+}
+
+std::string format_resolved(const RunConfig& config) {
+  size_t width = 0;
+  for (const Key& k : schema()) width = std::max(width, std::strlen(k.name));
+  std::string out =
+      config.source.empty() ? "resolved config:\n" : "resolved config (" + config.source + "):\n";
+  for (const Key& k : schema()) {
+    out += "  " + std::string(k.name) + std::string(width + 2 - std::strlen(k.name), ' ') +
+           format_value(field_of(k, config)) + "\n";
+  }
+  return out;
+}
+
+std::string format_config_keys() {
+  const RunConfig defaults;
+  std::string out;
+  for (const Key& k : schema()) {
+    const std::string limit = k.limit.describe();
+    out += std::string(k.name) + " (default " + format_value(field_of(k, defaults)) +
+           (limit.empty() ? "" : "; " + limit) + "): " + k.help + "\n";
+  }
+  return out;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,112 @@
+#include "config/schema.h"
+
+namespace gpurun::detail {
+namespace {
+
+Limit any() { return {}; }
+Limit at_least(double lo) { return {lo, kInf, false, false, false, false, {}}; }
+Limit above(double lo) { return {lo, kInf, true, false, false, false, {}}; }
+Limit fraction() { return {0, 1, false, true, false, false, {}}; }  // [0, 1)
+Limit open_fraction() { return {0, 1, true, true, false, false, {}}; }  // (0, 1)
+Limit non_empty() { return {-kInf, kInf, false, false, true, false, {}}; }
+Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // non-empty, each >= 1
+Limit one_of(std::vector<std::string> choices) {
+  return {-kInf, kInf, false, false, true, false, std::move(choices)};
+}
+/// A SIZE key (e.g. memory.capacity: "24GiB" or "auto").
+Limit size_or(std::vector<std::string> words) {
+  Limit l = one_of(std::move(words));
+  l.size = true;
+  return l;
+}
+
+constexpr bool kHashed = true;  // changes what is learned: part of config_hash
+constexpr bool kNotHashed = false;
+
+}  // namespace
+
+
+// Expands to the key's dotted name and its accessor, so a key is named once.
+// clang-format off
+#define GPURUN_KEY(section, member) \
+  #section "." #member, [](RunConfig& c) -> Field { return &c.section.member; }
+
+/// The schema: one line per key, in the order format_resolved() prints them. To add a key,
+/// add the member to its struct in config.h and one line here; a new section is new lines.
+const std::vector<Key>& schema() {
+  static const std::vector<Key> kSchema = {
+    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, or a plugin's", kHashed},
+    {GPURUN_KEY(model, hidden), positive_ints(), "mlp: widths of the hidden layers", kHashed},
+    {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block; resnet: of each stage", kHashed},
+    {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},
+    {GPURUN_KEY(model, batch_norm), any(), "cnn: BatchNorm after every convolution", kHashed},
+    {GPURUN_KEY(model, plugin), any(), "a plugin .so registering model.name; relative to run.yaml", kHashed},
+    {GPURUN_KEY(model, torchscript), any(), "a TorchScript module file to train; relative to run.yaml", kHashed},
+    {GPURUN_KEY(model, blocks), positive_ints(), "resnet: residual blocks of each stage", kHashed},
+    {GPURUN_KEY(model, layers), at_least(1), "gpt: transformer blocks", kHashed},
+    {GPURUN_KEY(model, heads), at_least(1), "gpt: attention heads; must divide model.width", kHashed},
+    {GPURUN_KEY(model, width), at_least(1), "gpt: embedding width", kHashed},
+    {GPURUN_KEY(model, context), at_least(0), "gpt: longest sequence; 0: data.context", kHashed},
+    {GPURUN_KEY(data, name), non_empty(), "registry name: idx, csv, text, synthetic, or a plugin's", kHashed},
+    {GPURUN_KEY(data, path), any(), "idx: directory of the files; csv, text: the file", kHashed},
+    {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
+    {GPURUN_KEY(data, eval_samples), at_least(0), "first N test samples; 0: all", kHashed},
+    {GPURUN_KEY(data, eval_path), any(), "csv, text: evaluation file; empty: split data.path", kHashed},
+    {GPURUN_KEY(data, eval_fraction), open_fraction(), "csv, text, synthetic: share held out for evaluation", kHashed},
+    {GPURUN_KEY(data, label), non_empty(), "csv: label column, name or 0-based index (<0: from the end)", kHashed},
+    {GPURUN_KEY(data, header), any(), "csv: the first row names the columns", kHashed},
+    {GPURUN_KEY(data, delimiter), non_empty(), "csv: one character, or \\t / tab", kHashed},
+    {GPURUN_KEY(data, context), at_least(1), "text: characters per sample", kHashed},
+    {GPURUN_KEY(data, stride), at_least(0), "text: characters between samples; 0: context", kHashed},
+    {GPURUN_KEY(data, samples), at_least(2), "synthetic: samples generated, both splits", kHashed},
+    {GPURUN_KEY(data, shape), positive_ints(), "synthetic: shape of one sample", kHashed},
+    {GPURUN_KEY(data, classes), at_least(2), "synthetic: number of classes", kHashed},
+    {GPURUN_KEY(data, seed), any(), "synthetic: the data; csv: the shuffle before the split", kHashed},
+    {GPURUN_KEY(optim, name), one_of({"sgd", "adam", "adamw"}), "optimizer", kHashed},
+    {GPURUN_KEY(optim, lr), above(0), "learning rate", kHashed},
+    {GPURUN_KEY(optim, momentum), fraction(), "sgd: momentum", kHashed},
+    {GPURUN_KEY(optim, nesterov), any(), "sgd: Nesterov momentum; needs momentum > 0", kHashed},
+    {GPURUN_KEY(optim, weight_decay), at_least(0), "L2 penalty (adamw: decoupled)", kHashed},
+    {GPURUN_KEY(optim, beta1), fraction(), "adam, adamw: first moment decay", kHashed},
+    {GPURUN_KEY(optim, beta2), fraction(), "adam, adamw: second moment decay", kHashed},
+    {GPURUN_KEY(optim, eps), above(0), "adam, adamw: denominator term", kHashed},
+    {GPURUN_KEY(optim, grad_clip), at_least(0), "max global L2 norm of gradients; 0: off", kHashed},
+    {GPURUN_KEY(schedule, name), one_of({"constant", "step", "cosine"}), "lr schedule", kHashed},
+    {GPURUN_KEY(schedule, warmup_steps), at_least(0), "linear warm-up, optimizer steps", kHashed},
+    {GPURUN_KEY(schedule, step_size), at_least(1), "step: optimizer steps per decay", kHashed},
+    {GPURUN_KEY(schedule, gamma), above(0), "step: lr factor per decay", kHashed},
+    {GPURUN_KEY(schedule, min_lr), at_least(0), "cosine: lr at the last step", kHashed},
+    {GPURUN_KEY(train, epochs), at_least(1), "passes over the training set", kNotHashed},
+    {GPURUN_KEY(train, batch_size), at_least(1), "samples per optimizer step, all ranks", kHashed},
+    {GPURUN_KEY(train, accumulation_steps), at_least(1), "micro-batches per step", kHashed},
+    {GPURUN_KEY(train, eval_batch_size), at_least(1), "samples per evaluation batch", kHashed},
+    {GPURUN_KEY(train, seed), any(), "seed of weights, shuffling and dropout", kHashed},
+    // The manifest records threads on their own; a different count only warns on resume.
+    {GPURUN_KEY(train, threads), at_least(0), "intra-op threads; 0: LibTorch's", kNotHashed},
+    {GPURUN_KEY(train, loss), non_empty(), "registry name of the loss: cross_entropy or a plugin's", kHashed},
+    {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
+    {GPURUN_KEY(checkpoint, every_minutes), at_least(0), "also save every N minutes", kNotHashed},
+    {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
+    {GPURUN_KEY(checkpoint, grace_seconds), above(0), "time to save after a signal", kNotHashed},
+    {GPURUN_KEY(checkpoint, lease_timeout), above(0), "seconds to a stale lease", kNotHashed},
+    {GPURUN_KEY(checkpoint, async), any(), "write in the background while training goes on", kNotHashed},
+    {GPURUN_KEY(checkpoint, max_failures), at_least(1), "failed saves in a row before exit 1", kNotHashed},
+    {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
+    {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
+    {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),
+     "how to fit: auto | accumulate | checkpoint | none", kNotHashed},
+    {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
+    {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
+    {GPURUN_KEY(distributed, timeout), above(0), "seconds a rendezvous or collective may wait", kNotHashed},
+    // Sampling runs on a saved-and-restored RNG: it never changes what is learned.
+    {GPURUN_KEY(sample, length), at_least(0), "characters generated after each epoch (token data); 0: off", kNotHashed},
+    {GPURUN_KEY(sample, prompt), any(), "start text; empty: the evaluation text's first characters", kNotHashed},
+    {GPURUN_KEY(sample, temperature), at_least(0), "0: greedy; > 0: sample softmax(logits / T)", kNotHashed},
+    {GPURUN_KEY(sample, seed), any(), "seed of the sampling generator", kNotHashed},
+  };
+  return kSchema;
+}
+// clang-format on
+#undef GPURUN_KEY
+
+}  // namespace gpurun::detail

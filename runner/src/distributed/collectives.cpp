@@ -1,0 +1,229 @@
+#include "distributed/collectives.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(GPURUN_WITH_CUDA) && defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define GPURUN_WITH_NCCL 1
+#endif
+
+#include <chrono>
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+
+namespace gpurun {
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+    return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // A single-node job needs no route to this host's public name, which containers and
+  // laptops often lack.
+  if (is_loopback(env.master_addr)) return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+struct Collectives::Impl {
+  DistEnv env;
+  c10::Device device{c10::kCPU};
+  c10::intrusive_ptr<::c10d::Store> store;
+  // LibTorch 1.13's process groups derive from c10d::ProcessGroup, 2.x's from c10d::Backend,
+  // so each backend is held by its own type and group() dispatches.
+  c10::intrusive_ptr<::c10d::ProcessGroupGloo> gloo;
+#ifdef GPURUN_WITH_NCCL
+  c10::intrusive_ptr<::c10d::ProcessGroupNCCL> nccl;
+#endif
+  template <class F>
+  c10::intrusive_ptr<::c10d::Work> run(F&& f) {
+#ifdef GPURUN_WITH_NCCL
+    if (nccl) return f(*nccl);
+#endif
+    return f(*gloo);
+  }
+  CollectiveStats stats;
+  int64_t sequence = 0;  // names the store keys of broadcast() and gather()
+
+  void wait(c10::intrusive_ptr<::c10d::Work> work, const char* what) {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      throw Error(std::string(what) + " across " + std::to_string(env.world_size) +
+                  " ranks failed (rank " + std::to_string(env.rank) +
+                  "): " + e.what() + " (a peer died or timed out)");
+    }
+  }
+
+  void all_reduce_in_place(at::Tensor& flat, ::c10d::ReduceOp op) {
+    std::vector<at::Tensor> tensors{flat};
+    ::c10d::AllreduceOptions options;
+    options.reduceOp = op;
+    ++stats.all_reduce_calls;
+    stats.all_reduce_bytes += static_cast<int64_t>(flat.nbytes());
+    wait(run([&](auto& g) { return g.allreduce(tensors, options); }), "all-reduce");
+  }
+};
+
+Collectives::Collectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Collectives::~Collectives() = default;
+
+std::unique_ptr<Collectives> Collectives::connect(const DistEnv& env, c10::Device device,
+                                                  double timeout_seconds) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = env;
+  impl->device = device;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    ::c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(env.master_port);
+    options.isServer = env.rank == 0;
+    options.numWorkers = static_cast<std::size_t>(env.world_size);
+    options.waitWorkers = true;
+    options.timeout = timeout;
+    impl->store = c10::make_intrusive<::c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                ": rendezvous at " + where + " failed within " +
+                std::to_string(static_cast<int>(timeout_seconds)) + " s: " + e.what());
+  }
+  auto group_store = c10::make_intrusive<::c10d::PrefixStore>("pg", impl->store);
+  if (device.is_cuda()) {
+#ifdef GPURUN_WITH_NCCL
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+    auto options = ::c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    impl->nccl = c10::make_intrusive<::c10d::ProcessGroupNCCL>(group_store, env.rank,
+                                                               env.world_size, options);
+#else
+    throw ConfigError("a distributed run on CUDA needs a LibTorch built with NCCL");
+#endif
+  } else {
+    auto options = ::c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(gloo_device(env));
+    impl->gloo = c10::make_intrusive<::c10d::ProcessGroupGloo>(group_store, env.rank,
+                                                               env.world_size, options);
+  }
+  spdlog::info("rank {} of {} joined the process group at {} ({})", env.rank, env.world_size,
+               where, device.is_cuda() ? "NCCL" : "Gloo");
+  return std::unique_ptr<Collectives>(new Collectives(std::move(impl)));
+}
+
+int Collectives::rank() const { return impl_->env.rank; }
+int Collectives::world_size() const { return impl_->env.world_size; }
+const CollectiveStats& Collectives::stats() const { return impl_->stats; }
+
+void Collectives::sync_gradients(const std::vector<at::Tensor>& params,
+                                 std::vector<double>& control) {
+  at::NoGradGuard no_grad;
+  // Buckets of consecutive parameters of one dtype, each at most kBucketBytes (a parameter
+  // larger than that is a bucket of its own).
+  std::vector<std::pair<size_t, size_t>> buckets;  // [first, last) parameter indices
+  for (size_t i = 0; i < params.size();) {
+    size_t j = i;
+    int64_t bytes = 0;
+    while (j < params.size() && params[j].scalar_type() == params[i].scalar_type() &&
+           (j == i || bytes + static_cast<int64_t>(params[j].nbytes()) <= kBucketBytes))
+      bytes += static_cast<int64_t>(params[j++].nbytes());
+    buckets.emplace_back(i, j);
+    i = j;
+  }
+  if (buckets.empty()) buckets.emplace_back(0, 0);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto [first, last] = buckets[b];
+    const bool with_control = b + 1 == buckets.size();
+    const auto dtype = first < last ? params[first].scalar_type() : at::kDouble;
+    std::vector<at::Tensor> pieces;
+    for (size_t i = first; i < last; ++i) {
+      const at::Tensor& g = params[i].grad();
+      pieces.push_back(g.defined() ? g.reshape(-1) : at::zeros({params[i].numel()}, params[i].options()));
+    }
+    if (with_control)
+      pieces.push_back(at::tensor(control, at::TensorOptions().dtype(at::kDouble))
+                           .to(impl_->device, dtype));
+    at::Tensor flat = at::cat(pieces);
+    impl_->all_reduce_in_place(flat, ::c10d::ReduceOp::SUM);
+    int64_t offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      at::Tensor p = params[i];
+      const int64_t n = p.numel();
+      at::Tensor part = flat.narrow(0, offset, n).view(p.sizes());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(part);
+      else
+        p.mutable_grad() = part.clone();
+      offset += n;
+    }
+    if (with_control) {
+      at::Tensor values = flat.narrow(0, offset, static_cast<int64_t>(control.size()))
+                              .to(at::kCPU, at::kDouble);
+      for (size_t k = 0; k < control.size(); ++k) control[k] = values.data_ptr<double>()[k];
+    }
+  }
+  ++impl_->stats.gradient_syncs;
+}
+
+std::vector<double> Collectives::all_reduce(std::vector<double> values, Op op) {
+  if (values.empty()) return values;
+  at::Tensor flat = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device);
+  impl_->all_reduce_in_place(flat, op == Op::kMax ? ::c10d::ReduceOp::MAX : ::c10d::ReduceOp::SUM);
+  flat = flat.to(at::kCPU);
+  for (size_t k = 0; k < values.size(); ++k) values[k] = flat.data_ptr<double>()[k];
+  return values;
+}
+
+void Collectives::barrier() {
+  impl_->wait(impl_->run([](auto& g) { return g.barrier(); }), "barrier");
+}
+
+std::string Collectives::broadcast(const std::string& value) {
+  const std::string key = "gpurun/broadcast/" + std::to_string(impl_->sequence++);
+  if (rank() == 0) {
+    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    return value;
+  }
+  const std::vector<uint8_t> bytes = impl_->store->get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::vector<std::string> Collectives::gather(const std::string& value) {
+  const std::string prefix = "gpurun/gather/" + std::to_string(impl_->sequence++) + "/";
+  if (rank() != 0) {
+    impl_->store->set(prefix + std::to_string(rank()),
+                      std::vector<uint8_t>(value.begin(), value.end()));
+    return {};
+  }
+  std::vector<std::string> out{value};
+  for (int r = 1; r < world_size(); ++r) {
+    const std::vector<uint8_t> bytes = impl_->store->get(prefix + std::to_string(r));
+    out.emplace_back(bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+void Collectives::broadcast_tensors(const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& t : tensors) {
+    std::vector<at::Tensor> one{t};
+    ::c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    impl_->wait(impl_->run([&](auto& g) { return g.broadcast(one, options); }), "broadcast");
+  }
+}
+
+}  // namespace gpurun

@@ -1,0 +1,70 @@
+// Real probes for the memory planner: a few training steps (forward, backward, optimizer step
+// with its state allocated) and an evaluation pass, measured by a MemoryMeter, that leave no
+// trace on the run: weights, buffers and the global RNG are put back afterwards and the probe
+// uses its own optimizer, so model_digest and the data order are as if it never ran.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
+
+#include "gpurun/config.h"
+#include "gpurun/dataset.h"
+#include "gpurun/loss.h"
+#include "memory/planner.h"
+
+namespace gpurun {
+
+class MemoryMeter;
+class SegmentedModel;
+
+/// The analytic estimate of a training step's peak, in bytes, printed beside the measurement.
+///   parameters + buffers   the model's tensors
+///   gradients              one per parameter (same size)
+///   optimizer_state        SGD with momentum: 1 x parameters; Adam, AdamW: 2 x (exp_avg and
+///                          exp_avg_sq, PyTorch's torch.optim.Adam); plain SGD: 0
+///   activations            every layer's output for `micro_batch` samples (what autograd
+///                          keeps for backward), float32; with activation checkpointing only
+///                          the segment inputs plus the largest segment's internal outputs
+///                          (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost")
+struct Estimate {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state + activations; }
+  nlohmann::json to_json() const;
+};
+
+/// Computes the Estimate by running each layer once on one sample under NoGradGuard to learn
+/// the output sizes; `input_shape` is one sample's shape, e.g. {1, 28, 28}.
+Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
+                       const std::vector<int64_t>& input_shape, int64_t micro_batch,
+                       bool checkpointing, c10::Device device);
+
+class Prober {
+ public:
+  /// `meter` must have been installed before `model` was built, so that its parameters count.
+  /// `loss`: the run's training loss (train.loss).
+  Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
+         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss = cross_entropy);
+
+  /// `steps` training steps at `micro_batch` (samples 0.. of the training split), with or
+  /// without activation checkpointing. A c10::OutOfMemoryError is caught and reported as
+  /// out_of_memory; memory is back at its baseline afterwards either way.
+  Probe train(int64_t micro_batch, bool checkpointing);
+
+  /// One training step with `train_plan`'s micro-batch, then evaluation of `eval_batch`
+  /// samples, measured from the end of the training step.
+  Probe eval(int64_t eval_batch, const MemoryPlan& train_plan);
+
+ private:
+  SegmentedModel& model_;
+  const DatasetSplits& data_;
+  const OptimConfig& optim_;
+  MemoryMeter& meter_;
+  int64_t steps_;
+  c10::Device device_;
+  LossFn loss_;
+};
+
+}  // namespace gpurun

@@ -1,0 +1,250 @@
+#include "memory/planner.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/config.h"
+#include "gpurun/errors.h"
+#include "util/units.h"
+
+namespace gpurun {
+namespace {
+
+bool fits(const Probe& p, int64_t usable) { return !p.out_of_memory && p.peak_bytes <= usable; }
+
+/// peak(b) = fixed + b x per_sample through the two non-OOM probes with the smallest
+/// micro-batches (the regime the search is moving into); nullopt with fewer than two.
+std::optional<double> predict(const std::vector<Probe>& points, int64_t micro) {
+  std::vector<Probe> sorted = points;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Probe& a, const Probe& b) { return a.micro_batch < b.micro_batch; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const Probe &a = sorted[i - 1], &b = sorted[i];
+    if (a.micro_batch == b.micro_batch) continue;
+    const double per_sample =
+        static_cast<double>(b.peak_bytes - a.peak_bytes) / (b.micro_batch - a.micro_batch);
+    return a.peak_bytes + (micro - a.micro_batch) * per_sample;
+  }
+  return std::nullopt;
+}
+
+/// The largest micro-batch below `first.micro_batch` (which does not fit) that fits, searched
+/// over the divisors of global/world: halving until one fits, then the line through two
+/// measured points proposes the largest that should, and a probe confirms it.
+std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing, const Probe& first,
+                                     const TrainProbeFn& probe) {
+  const int64_t usable = usable_bytes(req);
+  std::vector<Probe> points;
+  if (!first.out_of_memory) points.push_back(first);
+  int64_t hi = first.micro_batch;  // smallest micro-batch known not to fit
+  std::optional<Probe> best;       // largest micro-batch known to fit
+  const std::vector<int64_t> divisors = divisors_descending(req.global_batch / req.world_size);
+  for (int guard = 0; guard < 64; ++guard) {
+    std::vector<int64_t> open;  // untried candidates strictly between best and hi
+    for (int64_t d : divisors)
+      if (d < hi && (!best || d > best->micro_batch)) open.push_back(d);
+    if (open.empty()) return best;
+    int64_t next = open.back();  // the smallest, unless a better guess exists
+    if (auto guess = predict(points, open.front()); guess) {
+      for (int64_t d : open)
+        if (*predict(points, d) <= usable) {
+          next = d;
+          break;
+        }
+      if (best && *predict(points, next) > usable) return best;
+    } else {
+      for (int64_t d : open)
+        if (d <= hi / 2) {
+          next = d;
+          break;
+        }
+    }
+    Probe p = probe(next, checkpointing);
+    p.micro_batch = next;
+    p.checkpointing = checkpointing;
+    if (!p.out_of_memory) points.push_back(p);
+    if (fits(p, usable)) {
+      best = p;
+    } else {
+      hi = next;
+    }
+  }
+  return best;
+}
+
+[[noreturn]] void nothing_fits(const PlanRequest& req, int64_t need) {
+  const std::string card = smallest_card_for(need, req.headroom);
+  throw ConfigError(
+      "the run does not fit: micro-batch 1" +
+      std::string(req.can_checkpoint ? " with activation checkpointing" : "") + " needs " +
+      std::to_string(need) + " bytes (" + format_bytes(need) + "), the device has " +
+      std::to_string(req.capacity_bytes) + " bytes (" + format_bytes(req.capacity_bytes) +
+      ") of which " + std::to_string(usable_bytes(req)) + " usable with memory.headroom " +
+      std::to_string(req.headroom) + "; " +
+      (card.empty() ? "no common card is large enough: use a smaller model"
+                    : "the smallest common card that fits: " + card));
+}
+
+}  // namespace
+
+void MemoryPlan::validate() const {
+  if (micro_batch < 1 || accumulation_steps < 1 || world_size < 1 ||
+      global_batch != micro_batch * accumulation_steps * world_size)
+    throw ConfigError("memory plan: global batch " + std::to_string(global_batch) +
+                      " != micro-batch " + std::to_string(micro_batch) + " x accumulation " +
+                      std::to_string(accumulation_steps) + " x world size " +
+                      std::to_string(world_size));
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  return {{"global_batch", global_batch},
+          {"micro_batch", micro_batch},
+          {"accumulation_steps", accumulation_steps},
+          {"world_size", world_size},
+          {"eval_batch", eval_batch},
+          {"activation_checkpointing", activation_checkpointing},
+          {"measured_peak_bytes", measured_peak_bytes},
+          {"estimated_peak_bytes", estimated_peak_bytes},
+          {"capacity_bytes", capacity_bytes},
+          {"step_seconds", step_seconds},
+          {"reason", reason}};
+}
+
+MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
+  MemoryPlan p;
+  p.global_batch = j.value("global_batch", int64_t{0});
+  p.micro_batch = j.value("micro_batch", int64_t{0});
+  p.accumulation_steps = j.value("accumulation_steps", int64_t{1});
+  p.world_size = j.value("world_size", int64_t{1});
+  p.eval_batch = j.value("eval_batch", int64_t{0});
+  p.activation_checkpointing = j.value("activation_checkpointing", false);
+  p.measured_peak_bytes = j.value("measured_peak_bytes", int64_t{0});
+  p.estimated_peak_bytes = j.value("estimated_peak_bytes", int64_t{0});
+  p.capacity_bytes = j.value("capacity_bytes", int64_t{0});
+  p.step_seconds = j.value("step_seconds", 0.0);
+  p.reason = j.value("reason", std::string());
+  return p;
+}
+
+int64_t usable_bytes(const PlanRequest& r) {
+  return static_cast<int64_t>(static_cast<double>(r.capacity_bytes) * (1.0 - r.headroom));
+}
+
+std::vector<int64_t> divisors_descending(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = n; d >= 1; --d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
+                       const EvalProbeFn& eval_probe) {
+  const int64_t usable = usable_bytes(req);
+  MemoryPlan plan;
+  plan.global_batch = req.global_batch;
+  plan.world_size = req.world_size;
+  plan.capacity_bytes = req.capacity_bytes;
+  auto adopt = [&](const Probe& p, const std::string& reason) {
+    plan.micro_batch = p.micro_batch;
+    plan.accumulation_steps = req.global_batch / req.world_size / p.micro_batch;
+    plan.activation_checkpointing = p.checkpointing;
+    plan.measured_peak_bytes = p.peak_bytes;
+    plan.step_seconds = p.step_seconds;
+    plan.reason = reason;
+  };
+
+  Probe base = train_probe(req.micro_batch, false);
+  base.micro_batch = req.micro_batch;
+  if (fits(base, usable)) {
+    adopt(base, "fits as configured");
+  } else {
+    spdlog::warn("micro-batch {} needs {} ({}), more than the {} usable of {}", req.micro_batch,
+                 base.out_of_memory ? "more than the device has" : format_bytes(base.peak_bytes),
+                 base.out_of_memory ? "out of memory" : "measured", format_bytes(usable),
+                 format_bytes(req.capacity_bytes));
+    if (req.strategy == "none")
+      throw ConfigError("memory.strategy is none and micro-batch " +
+                        std::to_string(req.micro_batch) + " does not fit in " +
+                        format_bytes(usable) + "; set memory.strategy: auto");
+    std::vector<std::pair<Probe, std::string>> options;
+    int64_t smallest_need = base.out_of_memory ? req.capacity_bytes + 1 : base.peak_bytes;
+    auto consider = [&](const std::optional<Probe>& p, const std::string& why) {
+      if (p) options.emplace_back(*p, why);
+    };
+    if (req.strategy == "auto" || req.strategy == "accumulate")
+      consider(fit_micro_batch(req, false, base, train_probe), "gradient accumulation");
+    if (req.can_checkpoint && (req.strategy == "auto" || req.strategy == "checkpoint")) {
+      Probe ckpt = train_probe(req.micro_batch, true);
+      ckpt.micro_batch = req.micro_batch;
+      ckpt.checkpointing = true;
+      if (!ckpt.out_of_memory) smallest_need = std::min(smallest_need, ckpt.peak_bytes);
+      if (fits(ckpt, usable))
+        consider(ckpt, "activation checkpointing");
+      else
+        consider(fit_micro_batch(req, true, ckpt, train_probe),
+                 "activation checkpointing and gradient accumulation");
+    }
+    if (options.empty()) {
+      Probe one = train_probe(1, req.can_checkpoint && req.strategy != "accumulate");
+      nothing_fits(req, one.out_of_memory ? smallest_need : one.peak_bytes);
+    }
+    auto best = std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
+      return a.first.seconds_per_sample() < b.first.seconds_per_sample();
+    });
+    adopt(best->first, best->second + " (fastest fitting option of " +
+                           std::to_string(options.size()) + ")");
+  }
+
+  plan.eval_batch = req.eval_batch;
+  for (;;) {
+    Probe e = eval_probe(plan.eval_batch, plan);
+    if (fits(e, usable)) break;
+    if (plan.eval_batch == 1) nothing_fits(req, e.peak_bytes);
+    plan.eval_batch = std::max<int64_t>(1, plan.eval_batch / 2);
+  }
+  if (plan.eval_batch != req.eval_batch)
+    spdlog::warn("evaluation batch {} does not fit; evaluating in batches of {}", req.eval_batch,
+                 plan.eval_batch);
+  plan.validate();
+  return plan;
+}
+
+MemoryPlan halve_micro_batch(const MemoryPlan& plan) {
+  const int64_t per_rank = plan.global_batch / plan.world_size;
+  for (int64_t d : divisors_descending(per_rank)) {
+    if (d > plan.micro_batch / 2) continue;
+    MemoryPlan next = plan;
+    next.micro_batch = d;
+    next.accumulation_steps = per_rank / d;
+    next.measured_peak_bytes = 0;
+    next.reason = "out of memory at micro-batch " + std::to_string(plan.micro_batch);
+    next.validate();
+    return next;
+  }
+  throw ConfigError("out of memory at micro-batch " + std::to_string(plan.micro_batch) +
+                    " with a capacity of " + std::to_string(plan.capacity_bytes) + " bytes (" +
+                    format_bytes(plan.capacity_bytes) + "): there is no smaller micro-batch; " +
+                    "run `gpurun plan` to see which card fits");
+}
+
+const std::vector<std::pair<std::string, int64_t>>& common_cards() {
+  static const std::vector<std::pair<std::string, int64_t>> cards{
+      {"16 GB (V100 16GB, T4)", int64_t{16} << 30},
+      {"24 GB (RTX 4090, L4, A10)", int64_t{24} << 30},
+      {"48 GB (L40S, RTX 6000 Ada, A40)", int64_t{48} << 30},
+      {"80 GB (A100 80GB, H100)", int64_t{80} << 30},
+      {"141 GB (H200)", int64_t{139} << 30},
+  };
+  return cards;
+}
+
+std::string smallest_card_for(int64_t need_bytes, double headroom) {
+  for (const auto& [name, bytes] : common_cards())
+    if (static_cast<double>(bytes) * (1.0 - headroom) >= static_cast<double>(need_bytes))
+      return name;
+  return "";
+}
+
+}  // namespace gpurun

@@ -1,0 +1,132 @@
+#include "report/reporter.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+#include "util/fs.h"
+#include "util/clock.h"
+
+namespace gpurun {
+Reporter::Reporter(std::string run_dir, bool enabled, int rank)
+    : run_dir_(std::move(run_dir)),
+      enabled_(enabled),
+      heartbeat_path_(heartbeat_path(run_dir_, rank)),
+      // Under the supervisor stderr is a pipe to a terminal the supervisor holds.
+      tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr) {
+  fs::make_dirs(run_dir_);
+  status_["pid"] = static_cast<int64_t>(getpid());
+  status_["host"] = host_name();
+}
+
+void Reporter::event(const std::string& name, nlohmann::json fields) {
+  if (!enabled_) return;
+  nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
+  line.update(fields);
+  try {
+    fs::append_line(run_dir_ + "/metrics.jsonl", line.dump());
+  } catch (const IoError& e) {
+    // Like status.json: a full or read-only disk must not stop training over its log; the
+    // checkpoints on it report their own failures (checkpoint.max_failures).
+    if (!metrics_failed_) spdlog::warn("could not append to metrics.jsonl: {}; training goes on", e.what());
+    metrics_failed_ = true;
+  }
+}
+
+void Reporter::status(const nlohmann::json& fields, bool force) {
+  status_.update(fields);
+  auto now = std::chrono::steady_clock::now();
+  if (!enabled_ || (!force && now - last_status_ < std::chrono::seconds(10))) return;
+  last_status_ = now;
+  status_["updated"] = unix_seconds();
+  try {
+    fs::replace_file(run_dir_ + "/status.json", status_.dump(2) + "\n");
+  } catch (const IoError& e) {
+    // status.json is for watchers; a full or flaky disk must not stop training over it.
+    spdlog::warn("could not update status.json: {}", e.what());
+  }
+}
+
+void Reporter::progress(const std::string& line, bool force) {
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  auto every = tty_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(10000);
+  if (!force && last_progress_.time_since_epoch().count() != 0 && now - last_progress_ < every)
+    return;
+  last_progress_ = now;
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    progress_open_ = true;
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Reporter::heartbeat(int64_t global_step) {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_heartbeat_ < std::chrono::seconds(1)) return;
+  last_heartbeat_ = now;
+  // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
+  // read_heartbeat_step() reports as -1.
+  const std::string text = "step " + std::to_string(global_step) + "\n";
+  int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    const ssize_t ignored = ::write(fd, text.data(), text.size());
+    (void)ignored;
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
+}
+
+std::string heartbeat_path(const std::string& run_dir, int rank) {
+  return run_dir + (rank == 0 ? "/heartbeat" : "/heartbeat-rank-" + std::to_string(rank));
+}
+
+int64_t read_heartbeat_step(const std::string& path) {
+  std::string text;
+  try {
+    text = fs::read_file(path);
+  } catch (const std::exception&) {
+    return -1;
+  }
+  if (text.rfind("step ", 0) != 0) return -1;
+  try {
+    return std::stoll(text.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+void Reporter::end_progress() {
+  if (progress_open_) std::fputc('\n', stderr);
+  progress_open_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e8) return "?";
+  auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", s);
+  return buf;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,60 @@
+// What a run tells the user and the tools watching it (design.md, "Run directory"):
+// metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
+// and a progress line on stderr that refreshes in place on a terminal and prints plain
+// periodic lines when stderr is a file.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace gpurun {
+
+class Reporter {
+ public:
+  /// `run_dir` is created when missing. With `enabled` false (ranks other than 0) nothing is
+  /// written but the heartbeat of `rank`. Throws IoError.
+  Reporter(std::string run_dir, bool enabled, int rank = 0);
+
+  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl.
+  void event(const std::string& name, nlohmann::json fields);
+
+  /// Merges `fields` into the status and rewrites status.json when `force` or when the last
+  /// write is 10 s old or more. Adds pid, host and the update time.
+  void status(const nlohmann::json& fields, bool force = false);
+
+  /// Shows "epoch 2/5  step 340/1170  loss 0.4123  812 samples/s  ETA 3m12s"; on a terminal
+  /// in place at most every 0.25 s, otherwise one line at most every 10 s (or when `force`).
+  void progress(const std::string& line, bool force = false);
+  /// Rewrites heartbeat_path(run_dir, rank) with "step N" (at most once a second): the
+  /// launcher's hang watchdog reads its change as proof of progress, and its failure report
+  /// the step a rank had reached.
+  void heartbeat(int64_t global_step);
+
+  /// Ends an in-place progress line before other output.
+  void end_progress();
+
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  std::string run_dir_;
+  bool enabled_;
+  std::string heartbeat_path_;
+  bool tty_;
+  bool progress_open_ = false;
+  bool metrics_failed_ = false;  ///< warned once about an unwritable metrics.jsonl
+  nlohmann::json status_ = nlohmann::json::object();
+  std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
+};
+
+/// RUN_DIR/heartbeat for rank 0, RUN_DIR/heartbeat-rank-R for the others.
+std::string heartbeat_path(const std::string& run_dir, int rank);
+
+/// The global step in a heartbeat file, -1 when it is missing or unreadable.
+int64_t read_heartbeat_step(const std::string& path);
+
+/// Seconds as "1h02m", "3m12s", "45s".
+std::string format_duration(double seconds);
+
+}  // namespace gpurun

@@ -1,0 +1,27 @@
+#include "train/micro_batch_step.h"
+
+#include <algorithm>
+
+#include "gpurun/dataset.h"
+#include "gpurun/model.h"
+
+namespace gpurun {
+
+double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
+                            int64_t micro_batch, c10::Device device, int64_t window,
+                            const LossFn& loss_fn) {
+  const int64_t shard = indices.numel();
+  if (window <= 0) window = shard;
+  double loss_sum = 0;
+  for (int64_t start = 0; start < shard; start += micro_batch) {
+    const int64_t count = std::min(micro_batch, shard - start);
+    Batch batch = data.get(indices.narrow(0, start, count));
+    at::Tensor logits = model.forward(batch.inputs.to(device));
+    at::Tensor loss = loss_fn(logits, batch.targets.to(device));
+    (loss * (static_cast<double>(count) / window)).backward();
+    loss_sum += loss.item<double>() * count;
+  }
+  return window ? loss_sum / window : 0.0;
+}
+
+}  // namespace gpurun

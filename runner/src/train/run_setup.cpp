@@ -1,0 +1,149 @@
+#include "train/run_setup.h"
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <numeric>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+#include "memory/meter.h"
+#include "gpurun/model.h"
+#include "gpurun/registry.h"
+#include "model/torchscript_model.h"
+#include "util/units.h"
+
+namespace gpurun {
+
+c10::Device resolve_device(const std::string& name, int local_rank) {
+  if (name == "cpu") return c10::kCPU;
+  if (name == "cuda" || name == "auto") {
+    if (torch::cuda::is_available())
+      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+    if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
+    return c10::kCPU;
+  }
+  throw ConfigError("--device must be auto, cpu or cuda, got \"" + name + "\"");
+}
+
+int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
+  if (memory_limit > 0) return memory_limit;
+  if (config.memory.capacity != "auto") return parse_size(config.memory.capacity);
+  return 0;
+}
+
+Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
+                     const Registry& registry, int local_rank) {
+  Session s;
+  s.device = resolve_device(device, local_rank);
+  s.loss = registry.make_loss(config.train.loss);
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  s.data = registry.make_dataset(config.data);
+  torch::manual_seed(static_cast<uint64_t>(config.train.seed));
+  s.model = config.model.torchscript.empty()
+                ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
+                : load_torchscript_model(config_path(config, config.model.torchscript),
+                                         s.data.input_shape, s.data.num_classes);
+  s.model->to(s.device);
+  // The weights are copied again under the meter, so that they count as device memory, and a
+  // model whose weights alone exceed the capacity is refused with what it needs.
+  s.meter = make_meter(s.device, memory_limit_bytes(config, memory_limit));
+  auto tensors = state_dict(*s.model);
+  const int64_t weights = static_cast<int64_t>(
+      std::accumulate(tensors.begin(), tensors.end(), size_t{0},
+                      [](size_t n, const auto& e) { return n + e.second.nbytes(); }));
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& entry : tensors) entry.second.set_data(entry.second.clone());
+  } catch (const c10::OutOfMemoryError&) {
+    const int64_t need =
+        weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
+    const std::string card = smallest_card_for(need, config.memory.headroom);
+    throw ConfigError("the model does not fit: its weights alone are " + std::to_string(weights) +
+                      " bytes (" + format_bytes(weights) + "); with gradients and optimizer "
+                      "state it needs about " + std::to_string(need) + " bytes, the device has " +
+                      std::to_string(s.meter->capacity_bytes()) + " bytes (" +
+                      format_bytes(s.meter->capacity_bytes()) + "); " +
+                      (card.empty() ? "no common card is large enough"
+                                    : "the smallest common card that fits: " + card));
+  }
+  return s;
+}
+
+PlanRequest plan_request(const RunConfig& config, const Session& session, int64_t world_size) {
+  PlanRequest r;
+  r.global_batch = config.train.batch_size;
+  r.world_size = world_size;
+  r.micro_batch = config.train.batch_size / config.train.accumulation_steps / world_size;
+  r.eval_batch = config.train.eval_batch_size;
+  r.capacity_bytes = session.meter->capacity_bytes();
+  r.headroom = config.memory.headroom;
+  r.strategy = config.memory.strategy;
+  r.can_checkpoint = !session.model->segments().empty();
+  return r;
+}
+
+Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan) {
+  return estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
+                       plan.activation_checkpointing, session.device);
+}
+
+namespace {
+bool has_batch_norm(const torch::nn::Module& model) {
+  for (const auto& m : model.modules())
+    if (m->name().find("BatchNorm") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
+                     const std::optional<MemoryPlan>& saved, const PlanAgreement& agree) {
+  const PlanRequest request = plan_request(config, session, world_size);
+  if (config.train.batch_size % world_size != 0 ||
+      request.micro_batch * config.train.accumulation_steps * world_size != config.train.batch_size)
+    throw ConfigError("train.batch_size " + std::to_string(config.train.batch_size) +
+                      " must be divisible by train.accumulation_steps x world size (" +
+                      std::to_string(config.train.accumulation_steps) + " x " +
+                      std::to_string(world_size) + ")");
+  MemoryPlan plan;
+  bool reuse = saved && saved->capacity_bytes == request.capacity_bytes &&
+               saved->global_batch == request.global_batch && saved->world_size == world_size &&
+               saved->micro_batch > 0;
+  if (agree.any) reuse = !agree.any(!reuse);
+  const auto agreed = [&](Probe p) { return agree.probe ? agree.probe(p) : p; };
+  if (reuse) {
+    plan = *saved;
+    spdlog::info("reusing the checkpoint's memory plan: micro-batch {} x accumulation {}{}",
+                 plan.micro_batch, plan.accumulation_steps,
+                 plan.activation_checkpointing ? ", activation checkpointing" : "");
+  } else {
+    if (saved && saved->capacity_bytes != request.capacity_bytes)
+      spdlog::warn("device capacity changed ({} -> {}): planning again, global batch kept",
+                   format_bytes(saved->capacity_bytes), format_bytes(request.capacity_bytes));
+    if (saved && saved->world_size != world_size)
+      spdlog::info("world size changed ({} -> {}): planning again, global batch {} kept",
+                   saved->world_size, world_size, request.global_batch);
+    Prober prober(*session.model, session.data, config.optim, *session.meter,
+                  config.memory.probe_steps, session.device, session.loss);
+    plan = choose_plan(
+        request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
+        [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); });
+  }
+  plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
+  plan.capacity_bytes = request.capacity_bytes;
+  session.model->set_checkpointed(
+      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
+                                    : std::vector<bool>{});
+  if (plan.micro_batch < 16 && has_batch_norm(*session.model))
+    spdlog::warn("the model has BatchNorm and the micro-batch is {}: its statistics are computed "
+                 "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
+                 plan.micro_batch, request.micro_batch);
+  return plan;
+}
+
+}  // namespace gpurun

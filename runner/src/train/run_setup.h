@@ -1,0 +1,72 @@
+// What `gpurun run` and `gpurun plan` both set up: the device, the data, a memory meter and
+// the model; and the memory plan made from them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "gpurun/config.h"
+#include "gpurun/dataset.h"
+#include "gpurun/loss.h"
+#include "memory/planner.h"
+#include "memory/peak_probe.h"
+
+namespace gpurun {
+
+class MemoryMeter;
+class Registry;
+class SegmentedModel;
+
+struct Session {
+  c10::Device device{c10::kCPU};
+  DatasetSplits data;
+  std::unique_ptr<MemoryMeter> meter;  ///< installed before the model, so its tensors count
+  std::shared_ptr<SegmentedModel> model;
+  LossFn loss;  ///< train.loss from the registry
+};
+
+/// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
+/// memory.capacity when it is a SIZE, else 0 (the device's own size).
+int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit);
+
+/// "auto" (CUDA when available, else CPU), "cpu" or "cuda"; a CUDA device gets index
+/// `local_rank` (one GPU per rank). Throws ConfigError.
+c10::Device resolve_device(const std::string& name, int local_rank = 0);
+
+/// How the ranks of a distributed run agree while planning; empty functions: one process.
+struct PlanAgreement {
+  /// The worst of every rank's probe of the same configuration: the largest peak, an
+  /// out-of-memory error on any rank, the slowest step.
+  std::function<Probe(const Probe&)> probe;
+  /// True when any rank passes true.
+  std::function<bool(bool)> any;
+};
+
+/// Sets the thread count and seed, loads the data (not metered: host-resident data sets are
+/// not device memory), installs the meter, builds the model on the device, looks up the loss.
+/// Throws ConfigError for a bad device, dataset, model or loss.
+Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
+                     const Registry& registry, int local_rank = 0);
+
+/// The request for the planner from the config: global batch, configured micro-batch,
+/// capacity, headroom and strategy.
+PlanRequest plan_request(const RunConfig& config, const Session& session, int64_t world_size);
+
+/// Probes and chooses the plan (memory_plan.h), fills in the analytic estimate, and turns
+/// activation checkpointing on in the model when the plan says so. When `saved` (the plan of
+/// the checkpoint being resumed) was made for the same capacity and global batch it is reused
+/// without probing, so that a resumed run stays deterministic. With several ranks, `agree`
+/// makes every rank choose the same plan: the plan is reused only when every rank can, and
+/// each probe counts as the worst rank's.
+MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
+                     const std::optional<MemoryPlan>& saved, const PlanAgreement& agree = {});
+
+/// The analytic estimate for `plan` on this session's model.
+Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan);
+
+}  // namespace gpurun

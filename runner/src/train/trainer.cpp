@@ -1,0 +1,542 @@
+#include "train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/store.h"
+#include "checkpoint/checkpointer.h"
+#include "distributed/collectives.h"
+#include "gpurun/errors.h"
+#include "util/faults.h"
+#include "util/fs.h"
+#include "gpurun/model.h"
+#include "train/optimizer.h"
+#include "gpurun/loss.h"
+#include "model/plugin_loader.h"
+#include "memory/meter.h"
+#include "memory/planner.h"
+#include "gpurun/registry.h"
+#include "train/run_setup.h"
+#include "launch/signals.h"
+#include "checkpoint/train_state.h"
+#include "report/reporter.h"
+#include "train/micro_batch_step.h"
+#include "util/units.h"
+#include "util/clock.h"
+
+namespace gpurun {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
+/// STEP being the 0-based global step, and the sample indices the step consumed on this rank
+/// (rank R > 0 writes FILE.rankR), used to prove that resume neither repeats nor skips.
+class SampleTrace {
+ public:
+  explicit SampleTrace(int rank) {
+    if (const char* path = std::getenv("GPURUN_TRACE_SAMPLES"))
+      path_ = rank == 0 ? path : std::string(path) + ".rank" + std::to_string(rank);
+  }
+  void record(int64_t step, int64_t epoch, const at::Tensor& indices) {
+    if (path_.empty()) return;
+    std::string line = std::to_string(step) + " " + std::to_string(epoch);
+    const int64_t* p = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < indices.numel(); ++i) line += " " + std::to_string(p[i]);
+    fs::append_line(path_, line);
+  }
+
+ private:
+  std::string path_;
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry,
+          std::unique_ptr<Collectives> comm)
+      : config_(config),
+        options_(options),
+        registry_(registry),
+        comm_(std::move(comm)),
+        rank_(comm_ ? comm_->rank() : 0),
+        world_(comm_ ? comm_->world_size() : 1),
+        session_(open_session(config, options.device, options.memory_limit, registry,
+                              options.dist ? options.dist->local_rank : 0)),
+        device_(session_.device),
+        data_(session_.data),
+        model_(session_.model),
+        reporter_(run_dir_or_default(options), rank_ == 0, rank_),
+        checkpointer_(config, options, reporter_, comm_.get()),
+        trace_(rank_) {}
+
+  void run() {
+    try {
+      model_source_ = describe_model_source(config_);
+      checkpointer_.claim_directory();
+      std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
+      std::optional<MemoryPlan> saved;
+      if (loaded && loaded->info.manifest.contains("plan"))
+        saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
+      plan_ = make_plan(config_, session_, world_, saved, agreement());
+      log_plan();
+      params_ = model_->parameters();
+      optimizer_ = make_optimizer(config_.optim, params_);
+      const int64_t n = data_.train->size();
+      steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
+      total_steps_ = steps_per_epoch_ * config_.train.epochs;
+      // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
+      if (rank_ > 0) torch::manual_seed(rank_seed());
+      resume_or_start(loaded);
+      if (comm_) {
+        // As DDP does: every rank starts from rank 0's weights, whatever the model's init does.
+        std::vector<at::Tensor> tensors;
+        for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
+        comm_->broadcast_tensors(tensors);
+        interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
+      }
+      started_ = true;
+      reporter_.event("plan", plan_.to_json());
+      reporter_.status({{"state", "running"},
+                        {"epochs", config_.train.epochs},
+                        {"total_steps", total_steps_},
+                        {"restarts", options_.restart_count}},
+                       true);
+      for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
+      checkpointer_.drain();
+      if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
+      reporter_.end_progress();
+      spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
+                   model_digest(*model_));
+      reporter_.event("done", {{"exit_code", 0}, {"global_step", global_step_}});
+      reporter_.status({{"state", "finished"},
+                        {"eta_seconds", 0},
+                        {"epoch", epoch_},
+                        {"global_step", global_step_}},
+                       true);
+    } catch (const std::exception& e) {
+      reporter_.end_progress();
+      // A run refused before it started (directory held, config changed) leaves the metrics
+      // and status of the run that owns the directory as they were.
+      if (!started_) throw;
+      const int code = exit_code_for(e);
+      reporter_.event("done", {{"exit_code", code}, {"error", e.what()}});
+      reporter_.status({{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}},
+                       true);
+      throw;
+    }
+  }
+
+ private:
+  /// Rank > 0's dropout stream: a function of the seed and the rank only.
+  uint64_t rank_seed() const {
+    return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
+  }
+
+  /// Planning agreement over the process group (no-op for one process).
+  PlanAgreement agreement() {
+    PlanAgreement a;
+    if (!comm_) return a;
+    a.probe = [this](const Probe& p) {
+      Probe worst = p;
+      const auto v = comm_->all_reduce(
+          {static_cast<double>(p.peak_bytes), p.out_of_memory ? 1.0 : 0.0, p.step_seconds},
+          Collectives::Op::kMax);
+      worst.peak_bytes = static_cast<int64_t>(v[0]);
+      worst.out_of_memory = v[1] > 0;
+      worst.step_seconds = v[2];
+      return worst;
+    };
+    a.any = [this](bool mine) {
+      return comm_->all_reduce({mine ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+    };
+    return a;
+  }
+
+  void log_plan() const {
+    const int64_t measured = plan_.measured_peak_bytes, estimated = plan_.estimated_peak_bytes;
+    spdlog::info("memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
+                 "eval batch {} ({})",
+                 plan_.micro_batch, plan_.accumulation_steps, plan_.world_size,
+                 plan_.global_batch, plan_.activation_checkpointing ? ", activation checkpointing" : "",
+                 plan_.eval_batch, plan_.reason);
+    spdlog::info("peak memory: measured {}, estimated {} ({:+.0f}%), capacity {}",
+                 format_bytes(measured), format_bytes(estimated),
+                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0,
+                 format_bytes(plan_.capacity_bytes));
+  }
+
+  void resume_or_start(const std::optional<LoadedCheckpoint>& loaded) {
+    if (!options_.resume) {
+      spdlog::info("starting a new run in {}", options_.ckpt_dir);
+      return;
+    }
+    if (!loaded) {
+      spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
+      return;
+    }
+    const CheckpointMeta& meta = loaded->meta;
+    // Recomputed from the saved config, so that a key added by a later gpurun (read back with
+    // its default) does not make an older checkpoint look like another run.
+    if (config_hash(config_from_json(meta.config)) != config_hash(config_)) {
+      std::string keys;
+      for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
+        keys += "\n  " + k;
+      throw ResumeError("cannot resume " + loaded->info.path +
+                        ": training keys differ from the checkpoint's config:" + keys +
+                        "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
+                        "directory)");
+    }
+    if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
+      spdlog::warn(
+          "checkpoint was written with {} threads and CPU capability {}; this run uses "
+          "{} and {}: results will differ in the last bits",
+          meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
+    session_.meter->reset_peak();
+    if (!restore_state(*loaded, *model_, *optimizer_, rank_))
+      spdlog::warn("rank {}: {} was written by {} rank(s) and holds no random state for this "
+                   "rank; its dropout stream starts from the seed (the run is no longer "
+                   "bit-identical to one that kept its world size)",
+                   rank_, loaded->info.path, meta.world_size);
+    const int64_t load_peak = session_.meter->peak_bytes();
+    const std::string changed = compare_model_source(
+        meta.extra.value("model_source", nlohmann::json::object()), model_source_);
+    if (!changed.empty())
+      spdlog::warn("{}; its tensors have the same names and shapes, so training resumes, but "
+                   "the model's code may have changed", changed);
+    epoch_ = meta.epoch;
+    global_step_ = meta.global_step;
+    position_ = meta.position_in_epoch;
+    epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
+    epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
+    checkpointer_.resumed_from(loaded->info.path, global_step_);
+    interval_first_step_ = global_step_;
+    reporter_.status({{"last_checkpoint", loaded->info.path}});
+    spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
+                 loaded->info.path, epoch_, global_step_, position_);
+    if (meta.world_size != world_)
+      spdlog::info("the checkpoint was written by {} rank(s), this run has {}: the global batch "
+                   "and the position in the epoch's order are kept, so every sample of the epoch "
+                   "is seen exactly once",
+                   meta.world_size, world_);
+    reporter_.event("resume", {{"path", loaded->info.path},
+                               {"peak_bytes", load_peak},
+                               {"epoch", epoch_},
+                               {"global_step", global_step_},
+                               {"position_in_epoch", position_}});
+  }
+
+  void run_epoch() {
+    const int64_t n = data_.train->size();
+    const at::Tensor order = epoch_permutation(n, config_.train.seed, epoch_);
+    model_->train();
+    auto epoch_start = Clock::now();
+    session_.meter->reset_peak();
+    // A resumed epoch continues the sums its checkpoint saved, so its train loss is that of the
+    // whole epoch, as without the interruption.
+    if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
+    stop_if_signalled();
+    while (position_ < n) {
+      const int64_t window = std::min(plan_.global_batch, n - position_);
+      const at::Tensor indices = order.narrow(0, position_, window);
+      // Rank r takes samples r, r + world, ... of the window: disjoint shards that cover it,
+      // whatever the window's size (the short last one included), so that no sample is padded
+      // or dropped and a resume with another world size continues at the same position.
+      const at::Tensor shard =
+          world_ > 1 ? indices.slice(0, rank_, window, world_).contiguous() : indices;
+      const double loss = optimizer_step(shard, window);
+      trace_.record(global_step_, epoch_, shard);
+      position_ += window;
+      ++global_step_;
+      epoch_loss_sum_ += loss * window;
+      epoch_loss_samples_ += window;
+      fault_point("after_step", global_step_);
+      reporter_.heartbeat(global_step_);
+      checkpointer_.report_finished();
+      after_step(loss, window);
+      if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
+      registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
+      stop_if_signalled(agreed_stop_);
+    }
+    const auto [eval_loss, eval_accuracy] = evaluate();
+    const double seconds = seconds_since(epoch_start);
+    reporter_.end_progress();
+    const double train_loss = epoch_loss_samples_ ? epoch_loss_sum_ / epoch_loss_samples_ : 0.0;
+    spdlog::info(
+        "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
+        epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
+    reporter_.event("epoch", {{"epoch", epoch_},
+                              {"global_step", global_step_},
+                              {"train_loss", train_loss},
+                              {"eval_loss", eval_loss},
+                              {"eval_accuracy", eval_accuracy},
+                              {"peak_bytes", session_.meter->peak_bytes()},
+                              {"seconds", seconds}});
+    // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
+    if (rank_ == 0) registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
+    save("epoch", epoch_ + 1, 0);
+    stop_if_signalled();
+  }
+
+  /// One optimizer step over `shard`, this rank's part of the step's window of `window`
+  /// samples; returns the window's mean loss. With several ranks, the gradients are summed
+  /// once, after the last micro-batch (collectives.h), together with the control values every
+  /// rank must agree on: the loss, a stop signal seen by any rank, a time-based save due on
+  /// rank 0, and an out-of-memory error on any rank. On out of memory (any rank) the
+  /// gradients are released, the micro-batch halved (global batch kept) and the same step done
+  /// again on every rank.
+  double optimizer_step(const at::Tensor& shard, int64_t window) {
+    for (;;) {
+      optimizer_->zero_grad();
+      double loss = 0;
+      bool out_of_memory = false;
+      try {
+        loss = accumulate_gradients(*model_, *data_.train, shard, plan_.micro_batch, device_,
+                                    window, session_.loss);
+      } catch (const c10::OutOfMemoryError& e) {
+        if (!comm_) {
+          shrink_after_oom();
+          continue;
+        }
+        release_gradients();
+        out_of_memory = true;
+      }
+      if (comm_) {
+        std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
+                                    rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
+                                    out_of_memory ? 1.0 : 0.0};
+        comm_->sync_gradients(params_, control);
+        loss = control[0];
+        agreed_stop_ = control[1] > 0;
+        agreed_save_ = control[2] > 0;
+        if (control[3] > 0) {
+          shrink_after_oom();
+          continue;
+        }
+      }
+      if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
+      lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
+      set_learning_rate(*optimizer_, lr_);
+      optimizer_->step();
+      return loss;
+    }
+  }
+
+  void release_gradients() {
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  }
+
+  void shrink_after_oom() {
+    release_gradients();
+    MemoryPlan smaller = halve_micro_batch(plan_);
+    reporter_.end_progress();
+    spdlog::warn("out of memory at global step {} with micro-batch {}{}; memory back to {}; "
+                 "retrying with micro-batch {} x accumulation {}",
+                 global_step_, plan_.micro_batch, comm_ ? " (on at least one rank)" : "",
+                 format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
+                 smaller.accumulation_steps);
+    plan_ = smaller;
+    reporter_.event("plan", plan_.to_json());
+  }
+
+  std::pair<double, double> evaluate() {
+    model_->eval();
+    torch::NoGradGuard no_grad;
+    // Rank r evaluates samples r, r + world, ...; the sums are added over the ranks.
+    const int64_t n = data_.eval->size();
+    const at::Tensor mine = at::arange(rank_, n, world_, at::kLong);
+    const int64_t m = mine.numel();
+    double loss_sum = 0;
+    double correct = 0, positions = 0;  // accuracy over every target (sample or token)
+    for (int64_t start = 0; start < m; start += plan_.eval_batch) {
+      const int64_t count = std::min(plan_.eval_batch, m - start);
+      reporter_.heartbeat(global_step_);
+      Batch batch = data_.eval->get(mine.narrow(0, start, count));
+      at::Tensor logits = model_->forward(batch.inputs.to(device_));
+      at::Tensor targets = batch.targets.to(device_);
+      loss_sum += session_.loss(logits, targets).item<double>() * count;
+      correct += static_cast<double>(correct_predictions(logits, targets));
+      positions += static_cast<double>(targets.numel());
+    }
+    model_->train();
+    if (comm_) {
+      const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
+      loss_sum = sums[0];
+      correct = sums[1];
+      positions = sums[2];
+    }
+    return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
+  }
+
+  void after_step(double loss, int64_t window) {
+    // samples/s over the steps since the last report, which excludes evaluation and saves.
+    interval_samples_ += window;
+    interval_loss_ += loss * window;
+    const double elapsed = seconds_since(interval_start_);
+    const int64_t remaining = total_steps_ - global_step_;
+    const double eta = throughput_ > 0 ? remaining * plan_.global_batch / throughput_ : -1;
+    reporter_.progress(progress_line(loss, eta));
+    if (global_step_ % config_.log.every_steps != 0) return;
+    throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    const double mean_loss = interval_loss_ / interval_samples_;
+    nlohmann::json fields = {{"epoch", epoch_},
+                             {"global_step", global_step_},
+                             {"loss", mean_loss},
+                             {"lr", lr_},
+                             {"samples_per_second", throughput_}};
+    if (comm_) {
+      // What the gradient synchronisation moved per optimizer step since the last report.
+      const CollectiveStats& now = comm_->stats();
+      const double steps = static_cast<double>(global_step_ - interval_first_step_);
+      fields["world_size"] = world_;
+      fields["gradient_syncs_per_step"] = (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
+      fields["all_reduce_calls_per_step"] = (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
+      fields["all_reduce_bytes_per_step"] = (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
+      interval_stats_ = now;
+    }
+    interval_first_step_ = global_step_;
+    reporter_.event("step", fields);
+    reporter_.status({{"epoch", epoch_},
+                      {"global_step", global_step_},
+                      {"loss", mean_loss},
+                      {"samples_per_second", throughput_},
+                      {"eta_seconds", eta}});
+    interval_samples_ = 0;
+    interval_loss_ = 0;
+    interval_start_ = Clock::now();
+  }
+
+  std::string progress_line(double loss, double eta) const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                  static_cast<long long>(epoch_ + 1), static_cast<long long>(config_.train.epochs),
+                  static_cast<long long>(global_step_), static_cast<long long>(total_steps_), loss,
+                  throughput_, format_duration(eta).c_str());
+    return buf;
+  }
+
+  bool due_for_checkpoint() const {
+    const auto& c = config_.checkpoint;
+    if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
+    // Clocks differ between ranks: rank 0's decides, carried by the gradient sync.
+    return comm_ ? agreed_save_ : checkpointer_.minutes_due();
+  }
+
+  /// Saves the state after global_step_; `epoch` and `position` say where training continues.
+  void save(const std::string& reason, int64_t epoch, int64_t position) {
+    CheckpointMeta meta;
+    meta.epoch = epoch;
+    meta.global_step = global_step_;
+    meta.position_in_epoch = position;
+    meta.world_size = world_;
+    meta.config_hash = config_hash(config_);
+    meta.config = config_to_json(config_);
+    meta.plan = plan_.to_json();
+    meta.extra = {{"reason", reason}};
+    if (position > 0) {
+      meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
+      meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
+    }
+    if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
+    // Decodes the model's outputs without the data (e.g. a text model's characters).
+    if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
+    checkpointer_.save(std::move(meta), *model_, *optimizer_);
+    interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
+  }
+
+  /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
+  /// then throw Stopped (exit 75). With several ranks they stop together when any rank got
+  /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
+  /// small all-reduce decides; every rank waits at a barrier until rank 0's checkpoint is
+  /// complete, so that the job's exit 75 means the checkpoint is there.
+  void stop_if_signalled(std::optional<bool> agreed = std::nullopt) {
+    int sig = stop_signal();
+    if (comm_) {
+      const bool stop =
+          agreed ? *agreed
+                 : comm_->all_reduce({sig != 0 ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+      if (!stop) return;
+      if (!sig) sig = SIGTERM;  // another rank's signal
+    }
+    if (!sig) return;
+    reporter_.end_progress();
+    spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
+    reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
+    if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
+    checkpointer_.drain();
+    if (comm_) comm_->barrier();
+    throw Stopped(sig);
+  }
+
+  const RunConfig& config_;
+  const RunOptions& options_;
+  const Registry& registry_;
+  std::unique_ptr<Collectives> comm_;  ///< null for a single process
+  const int rank_, world_;
+  Session session_;
+  const c10::Device device_;
+  const DatasetSplits& data_;
+  std::shared_ptr<SegmentedModel> model_;
+  nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
+  Reporter reporter_;
+  Checkpointer checkpointer_;
+  SampleTrace trace_;
+  bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
+  double epoch_loss_sum_ = 0;      ///< sum of step loss x samples in this epoch so far
+  int64_t epoch_loss_samples_ = 0;
+  CollectiveStats interval_stats_;
+  int64_t interval_first_step_ = 0;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  MemoryPlan plan_;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
+  bool started_ = false;  ///< past the lease, directory and resume checks
+  double lr_ = 0;
+  Clock::time_point interval_start_ = Clock::now();
+  int64_t interval_samples_ = 0;
+  double interval_loss_ = 0, throughput_ = 0;
+};
+
+}  // namespace
+
+std::string run_dir_or_default(const RunOptions& options) {
+  return options.run_dir.empty() ? options.ckpt_dir : options.run_dir;
+}
+
+void train(const RunConfig& config, const RunOptions& options, const Registry& registry) {
+  if (options.ckpt_dir.empty()) throw ConfigError("--ckpt DIR is required to train");
+  for (const std::string& dir : {options.ckpt_dir, options.run_dir}) {
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+      throw ConfigError(dir + " exists and is not a directory");
+  }
+  std::unique_ptr<Collectives> comm;
+  if (options.dist && options.dist->world_size > 1) {
+    const DistEnv& d = *options.dist;
+    const std::string run_dir = run_dir_or_default(options);
+    // Every rank keeps its own log (design.md); rank 0's also goes to stderr as usual.
+    fs::make_dirs(run_dir);
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        run_dir + "/rank-" + std::to_string(d.rank) + ".log");
+    spdlog::default_logger()->sinks().push_back(file);
+    // Every line reaches the file at once: a rank killed outright keeps its last words.
+    spdlog::default_logger()->flush_on(spdlog::level::trace);
+    spdlog::default_logger()->set_pattern("%^gpurun %l%$ [rank " + std::to_string(d.rank) + "] %v");
+    const c10::Device device = resolve_device(options.device, d.local_rank);
+    comm = Collectives::connect(d, device, config.distributed.timeout);
+  }
+  Trainer(config, options, registry, std::move(comm)).run();
+}
+
+}  // namespace gpurun

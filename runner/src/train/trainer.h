@@ -1,0 +1,43 @@
+// The training loop: epochs of optimizer steps over a per-epoch permutation of the data,
+// gradient accumulation over micro-batches, evaluation and a checkpoint after every epoch,
+// checkpoints every N steps / N minutes / on a stop signal, and exact resume.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gpurun/config.h"
+#include "distributed/worker_env.h"
+
+namespace gpurun {
+
+class Registry;
+
+/// How the run was started (the command line, not run.yaml).
+struct RunOptions {
+  std::string ckpt_dir;   ///< checkpoint root; required
+  std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
+  bool resume = false;    ///< continue from the newest complete checkpoint if there is one
+  bool force = false;     ///< take the directory's lease at once, even from a live run
+  std::string device = "auto";  ///< auto | cpu | cuda
+  int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
+  int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device
+  /// This worker's place in a distributed run (dist_env.h); nullopt: a single process.
+  std::optional<DistEnv> dist;
+};
+
+/// Where metrics.jsonl and status.json go: `run_dir`, else the checkpoint directory.
+std::string run_dir_or_default(const RunOptions& options);
+
+/// Runs the whole training described by `config`, returning when the last epoch is done.
+/// With options.dist, joins the process group first and trains data-parallel: each rank takes a
+/// disjoint shard of every optimizer step's window of the same per-epoch permutation, gradients
+/// are summed once per optimizer step, rank 0 holds the lease and writes checkpoints and
+/// metrics, and every rank loads the checkpoint rank 0 chose.
+/// Throws ConfigError (the directory already holds checkpoints and `resume` is off; bad
+/// device), ResumeError (no valid checkpoint, changed training keys), IoError (storage), and
+/// Stopped after saving when a stop signal arrived.
+void train(const RunConfig& config, const RunOptions& options, const Registry& registry);
+
+}  // namespace gpurun

@@ -1,0 +1,265 @@
+#include "util/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <system_error>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+
+namespace gpurun::fs {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+[[noreturn]] void throw_errno(const char* what, const std::string& path) {
+  throw IoError(what, path, errno);
+}
+
+// Owns one file descriptor; close() reports the error that a network file system may only
+// report at close time (NFS flushes on close), the destructor closes quietly.
+class UniqueFd {
+ public:
+  UniqueFd(const std::string& path, int flags, mode_t mode = 0644)
+      : fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)), path_(path) {
+    if (fd_ < 0) throw_errno("open", path_);
+  }
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+
+  void fsync() const {
+    if (::fsync(fd_) != 0) throw_errno("fsync", path_);
+  }
+
+  void close() {
+    const int fd = fd_;
+    fd_ = -1;
+    // On Linux the descriptor is released even when close(2) fails with EINTR.
+    if (::close(fd) != 0 && errno != EINTR) throw_errno("close", path_);
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+// write(2) until every byte is written. EINTR and EAGAIN mean that nothing was written, so
+// they are retried at once; any other error is thrown.
+void write_all(int fd, const std::string& data, const std::string& path) {
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      throw_errno("write", path);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  std::string parent = stdfs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+void write_file_once(const std::string& path, const std::string& data) {
+  UniqueFd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
+  write_all(fd.get(), data, path);
+  fd.fsync();
+  fd.close();
+}
+
+std::string read_file_once(const std::string& path) {
+  UniqueFd fd(path, O_RDONLY);
+  std::string out;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      throw_errno("read", path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  fd.close();
+  return out;
+}
+
+void sync_dir_once(const std::string& dir) {
+  UniqueFd fd(dir, O_RDONLY | O_DIRECTORY);
+  // Some network and FUSE file systems cannot fsync a directory (EINVAL, ENOTSUP); there the
+  // rename is as durable as the file system makes it, and failing the save would not help.
+  if (::fsync(fd.get()) != 0 && errno != EINVAL && errno != ENOTSUP) throw_errno("fsync", dir);
+  fd.close();
+}
+
+}  // namespace
+
+namespace detail {
+void log_retry(const IoError& e, int attempt, int attempts, double delay_seconds) {
+  spdlog::warn("{}; attempt {}/{} failed, retrying in {:.1f} s", e.what(), attempt, attempts,
+               delay_seconds);
+}
+}  // namespace detail
+
+bool is_transient(int err) noexcept {
+  return err == EIO || err == ESTALE || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
+         err == EWOULDBLOCK;
+}
+
+void write_file(const std::string& path, const std::string& data) {
+  // O_TRUNC makes the whole sequence idempotent, so it is retried as one unit. fsync alone is
+  // never retried: after a failed fsync Linux may drop the dirty pages and report success.
+  with_retries([&] { write_file_once(path, data); });
+}
+
+void replace_file(const std::string& path, const std::string& data) {
+  static std::atomic<unsigned long long> counter{0};
+  const stdfs::path target(path);
+  const std::string tmp =
+      (target.parent_path() / ("." + target.filename().string() + ".tmp-" +
+                               std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+          .string();
+  try {
+    write_file(tmp, data);
+    rename_durable(tmp, path);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // best effort; the error that matters is the one rethrown
+    throw;
+  }
+}
+
+void append_line(const std::string& path, const std::string& line) {
+  const std::string data = line + '\n';
+  // Opening is safe to retry; the write is not (a retried append could duplicate the line),
+  // except for EINTR/EAGAIN, which write_all handles because nothing was written.
+  auto fd =
+      with_retries([&] { return std::make_unique<UniqueFd>(path, O_WRONLY | O_CREAT | O_APPEND); });
+  const ssize_t n = ::write(fd->get(), data.data(), data.size());
+  if (n < 0) {
+    if (errno != EINTR && errno != EAGAIN) throw_errno("append", path);
+    write_all(fd->get(), data, path);
+  } else if (static_cast<size_t>(n) != data.size()) {
+    // A short append (disk full) leaves a partial line; report it rather than appending the
+    // rest in a second write that another appender could interleave with.
+    throw IoError("append (short write of " + std::to_string(n) + " of " +
+                      std::to_string(data.size()) + " bytes)",
+                  path, ENOSPC);
+  }
+  fd->fsync();
+  fd->close();
+}
+
+std::string read_file(const std::string& path) {
+  return with_retries([&] { return read_file_once(path); });
+}
+
+void rename_durable(const std::string& from, const std::string& to) {
+  bool retried = false;
+  with_retries([&] {
+    if (::rename(from.c_str(), to.c_str()) == 0) return;
+    const int err = errno;
+    // A rename that timed out on NFS may have been done by the server; the retry then finds
+    // `from` gone and `to` present, which is the result we wanted.
+    if (retried && err == ENOENT && ::access(from.c_str(), F_OK) != 0 &&
+        ::access(to.c_str(), F_OK) == 0) {
+      return;
+    }
+    retried = true;
+    throw IoError("rename to " + to + " from", from, err);
+  });
+  const std::string to_dir = parent_dir(to);
+  const std::string from_dir = parent_dir(from);
+  sync_dir(to_dir);
+  if (stdfs::path(from_dir).lexically_normal() != stdfs::path(to_dir).lexically_normal()) {
+    sync_dir(from_dir);
+  }
+}
+
+void sync_dir(const std::string& dir) {
+  with_retries([&] { sync_dir_once(dir); });
+}
+
+bool exists(const std::string& path) {
+  return with_retries([&] {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) return true;
+    if (errno != ENOENT) throw_errno("stat", path);
+    return false;
+  });
+}
+
+int64_t file_size(const std::string& path) {
+  return with_retries([&] {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) return static_cast<int64_t>(st.st_size);
+    if (errno != ENOENT) throw_errno("stat", path);
+    return int64_t{-1};
+  });
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  return with_retries([&] {
+    std::vector<std::string> names;
+    std::error_code ec;
+    stdfs::directory_iterator it(dir, ec), end;
+    if (ec == std::errc::no_such_file_or_directory) return names;
+    for (; !ec && it != end; it.increment(ec)) names.push_back(it->path().filename().string());
+    if (ec) throw IoError("list", dir, ec.value());
+    std::sort(names.begin(), names.end());
+    return names;
+  });
+}
+
+void make_dirs(const std::string& dir) {
+  // mkdir one component at a time, so that each new directory's entry is made durable with an
+  // fsync of its parent (std::filesystem::create_directories does not say which it created).
+  stdfs::path prefix;
+  for (const auto& part : stdfs::path(dir).lexically_normal()) {
+    if (part.empty()) continue;  // a trailing separator
+    prefix /= part;
+    const std::string p = prefix.string();
+    const bool created = with_retries([&] {
+      if (::mkdir(p.c_str(), 0755) == 0) return true;
+      if (errno != EEXIST) throw_errno("mkdir", p);
+      return false;
+    });
+    if (created) {
+      sync_dir(parent_dir(p));
+    } else {
+      struct stat st {};
+      if (::stat(p.c_str(), &st) != 0) throw_errno("stat", p);
+      if (!S_ISDIR(st.st_mode)) throw IoError("mkdir", p, ENOTDIR);
+    }
+  }
+}
+
+void remove_all(const std::string& path) {
+  with_retries([&] {
+    std::error_code ec;
+    stdfs::remove_all(path, ec);
+    if (ec) throw IoError("remove", path, ec.value());
+  });
+}
+
+}  // namespace gpurun::fs

@@ -1,0 +1,61 @@
+// Durable file operations for checkpoints on network storage (NFS, SMB, FUSE mounts).
+//
+// Every write is followed by fsync of the file and, after a rename, of the directory, so a
+// power loss or a reclaimed instance leaves either the old or the new content, never a mix
+// (the protocol of "ext4 data=ordered" and of rename(2)'s atomicity within one file system).
+// Transient errors of network file systems (EIO, ESTALE, ETIMEDOUT, EINTR) are retried with
+// exponential backoff, each retry logged with the path and errno.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpurun::fs {
+
+/// Writes `data` to `path` (created or truncated), then fsyncs it. Throws IoError.
+void write_file(const std::string& path, const std::string& data);
+
+/// Writes `data` to a temporary file beside `path`, fsyncs, renames it over `path`, and
+/// fsyncs the directory: readers see the old or the new content. Throws IoError.
+void replace_file(const std::string& path, const std::string& data);
+
+/// Appends `line` plus '\n' to `path` in a single write(2). Throws IoError.
+void append_line(const std::string& path, const std::string& line);
+
+/// The whole file. Throws IoError (errno ENOENT when it does not exist).
+std::string read_file(const std::string& path);
+
+/// rename(2) followed by fsync of the destination's directory. Throws IoError.
+void rename_durable(const std::string& from, const std::string& to);
+
+/// fsync of a directory, so that entries created or renamed in it are durable. Throws IoError.
+void sync_dir(const std::string& dir);
+
+/// Whether `path` exists (lstat(2): a dangling symlink exists). Throws IoError for other errors.
+bool exists(const std::string& path);
+
+/// Size of `path` in bytes (stat(2)), or -1 when it does not exist. Throws IoError.
+int64_t file_size(const std::string& path);
+
+/// The names in `dir` (without "." and ".."), sorted; empty when `dir` does not exist.
+/// Throws IoError.
+std::vector<std::string> list_dir(const std::string& dir);
+
+/// mkdir -p. Throws IoError.
+void make_dirs(const std::string& dir);
+
+/// rm -rf; a missing path is not an error. Throws IoError.
+void remove_all(const std::string& path);
+
+/// True for the errno values a network file system returns for a transient fault.
+bool is_transient(int err) noexcept;
+
+/// Runs `op` and retries it up to `attempts` times on a transient IoError, sleeping
+/// 0.1 s, 0.2 s, 0.4 s, ... between tries; any other error is rethrown at once.
+template <typename Op>
+auto with_retries(Op&& op, int attempts = 5) -> decltype(op());
+
+}  // namespace gpurun::fs
+
+#include "util/fs_retry.h"

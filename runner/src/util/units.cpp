@@ -1,0 +1,63 @@
+#include "util/units.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+
+#include "gpurun/errors.h"
+
+namespace gpurun {
+
+int64_t parse_size(const std::string& text) {
+  const auto invalid = [&] {
+    return ConfigError("invalid size \"" + text +
+                       "\"; use a byte count or a unit: B, KiB, MiB, GiB, KB, MB, GB");
+  };
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},         {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
+      {"TiB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
+  const size_t begin = text.find_first_not_of(' ');
+  if (begin == std::string::npos) throw invalid();
+  size_t end = begin;
+  while (end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
+    ++end;
+  }
+  const std::string number = text.substr(begin, end - begin);
+  const size_t unit_begin = std::min(text.find_first_not_of(' ', end), text.size());
+  const size_t unit_end = text.find_last_not_of(' ') + 1;
+  const auto unit =
+      kUnits.find(text.substr(unit_begin, std::max(unit_end, unit_begin) - unit_begin));
+  const bool fractional = number.find('.') != std::string::npos;
+  if (number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1 ||
+      unit == kUnits.end() || (fractional && unit->second == 1)) {
+    throw invalid();
+  }
+  if (unit->second == 1) {  // exact, also above 2^53
+    int64_t bytes = 0;
+    const auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), bytes);
+    if (ec != std::errc() || ptr != number.data() + number.size()) throw invalid();
+    return bytes;
+  }
+  const double bytes = std::strtod(number.c_str(), nullptr) * unit->second;
+  if (!(bytes < 0x1p63)) throw invalid();
+  return std::llround(bytes);
+}
+
+std::string format_bytes(int64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes > -1024 && bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  while (std::fabs(v) >= 1024 && u + 1 < std::size(kUnits)) v /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace gpurun

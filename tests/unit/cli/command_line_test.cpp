@@ -1,0 +1,119 @@
+// Unit tests of the command-line parser (design.md's "Command line"): every subcommand's
+// shape, --set order, SIZE parsing, the launcher-only options and the errors a typo gets.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cli/command_line.h"
+#include "cli/options.h"
+#include "gpurun/errors.h"
+
+namespace gpurun {
+namespace {
+
+Command parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "gpurun");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CommandLine, RunTakesTheConfigTheDirectoryAndTheOverridesInOrder) {
+  const Command c = parse({"--resume", "--ckpt", "/ckpt", "run.yaml", "--set", "train.epochs=3",
+                           "--set", "model.hidden=[64,32]", "--set", "train.epochs=4",
+                           "--memory-limit", "512MiB", "--device", "cpu"});
+  EXPECT_EQ(c.kind, Command::Kind::kRun);
+  EXPECT_EQ(c.config_path, "run.yaml");
+  EXPECT_EQ(c.run.ckpt_dir, "/ckpt");
+  EXPECT_TRUE(c.run.resume);
+  EXPECT_FALSE(c.run.force);
+  EXPECT_EQ(c.run.device, "cpu");
+  EXPECT_EQ(c.run.memory_limit, 512LL << 20);
+  // The commas of a list stay in one value; the last --set of a key is applied last.
+  EXPECT_EQ(c.overrides,
+            (std::vector<std::string>{"train.epochs=3", "model.hidden=[64,32]", "train.epochs=4"}));
+  EXPECT_EQ(parse({"run", "r.yaml", "--ckpt", "d"}).config_path, "r.yaml");
+}
+
+TEST(CommandLine, LauncherOptionsAreParsedAndLeftOutOfTheWorkersCommandLine) {
+  const Command c = parse({"r.yaml", "--ckpt", "d", "--nproc-per-node", "2", "--max-restarts=3",
+                           "--hang-timeout", "4.5", "--master-port", "29400", "--resume"});
+  EXPECT_EQ(c.launch.flags.nproc_per_node, 2);
+  EXPECT_EQ(c.launch.max_restarts, 3);
+  EXPECT_DOUBLE_EQ(c.launch.hang_timeout, 4.5);
+  EXPECT_EQ(c.launch.flags.master_port, 29400);
+  ASSERT_FALSE(c.launch.worker_argv.empty());
+  const std::vector<std::string> rest(c.launch.worker_argv.begin() + 1, c.launch.worker_argv.end());
+  EXPECT_EQ(rest, (std::vector<std::string>{"r.yaml", "--ckpt", "d", "--resume"}));
+}
+
+TEST(CommandLine, EveryLauncherOnlyOptionOfTheTableIsDropped) {
+  for (const OptionSpec& o : option_table()) {
+    if (!o.launcher_only) continue;
+    const std::string flag = std::string("--") + o.name;
+    EXPECT_EQ(without_launcher_options({"gpurun", "r.yaml", flag, "1", "--ckpt", "d"}),
+              (std::vector<std::string>{"gpurun", "r.yaml", "--ckpt", "d"}))
+        << flag;
+    EXPECT_EQ(without_launcher_options({"gpurun", flag + "=1", "r.yaml"}),
+              (std::vector<std::string>{"gpurun", "r.yaml"}))
+        << flag;
+  }
+  // A worker's own options stay, also when they look like a launcher option's prefix.
+  EXPECT_EQ(without_launcher_options({"gpurun", "--nnodes-extra", "--ckpt=d"}),
+            (std::vector<std::string>{"gpurun", "--nnodes-extra", "--ckpt=d"}));
+}
+
+TEST(CommandLine, OtherSubcommands) {
+  Command c = parse({"ckpt", "verify", "/d", "--json"});
+  EXPECT_EQ(c.kind, Command::Kind::kCkpt);
+  EXPECT_EQ(c.action, "verify");
+  EXPECT_EQ(c.dir, "/d");
+  EXPECT_TRUE(c.json);
+  c = parse({"status", "/run"});
+  EXPECT_EQ(c.kind, Command::Kind::kStatus);
+  EXPECT_EQ(c.dir, "/run");
+  c = parse({"export", "/d", "--to", "m.pt"});
+  EXPECT_EQ(c.kind, Command::Kind::kExport);
+  EXPECT_EQ(c.to, "m.pt");
+  c = parse({"plan", "r.yaml", "--memory-limit", "1GB", "--json"});
+  EXPECT_EQ(c.kind, Command::Kind::kPlan);
+  EXPECT_EQ(c.run.memory_limit, 1000000000);
+  EXPECT_EQ(parse({"--version"}).kind, Command::Kind::kVersion);
+  c = parse({"--help"});
+  EXPECT_EQ(c.kind, Command::Kind::kHelp);
+  // --help is made from the one option table: every option is in it.
+  for (const OptionSpec& o : option_table()) {
+    const std::string name = o.name;
+    const std::string flag = "--" + name.substr(name.find(',') + 1);
+    EXPECT_NE(c.help.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST(CommandLine, MistakesAreConfigErrorsThatSayWhatIsWrong) {
+  EXPECT_NE(error_of({}).find("missing CONFIG.yaml"), std::string::npos);
+  EXPECT_NE(error_of({"r.yaml"}).find("--ckpt DIR is required"), std::string::npos);
+  EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--resum"}).find("resum"), std::string::npos);
+  EXPECT_NE(error_of({"r.yaml", "other.yaml", "--ckpt", "d"}).find("unexpected argument"),
+            std::string::npos);
+  EXPECT_NE(error_of({"ckpt", "lst", "d"}).find("list|verify|inspect"), std::string::npos);
+  EXPECT_NE(error_of({"export", "d"}).find("--to FILE"), std::string::npos);
+  EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--memory-limit", "12XB"}).find("invalid size"),
+            std::string::npos);
+  EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--max-restarts", "-1"}).find(">= 0"),
+            std::string::npos);
+  for (const std::string& e : {error_of({"r.yaml"}), error_of({"ckpt", "x", "d"})})
+    EXPECT_NE(e.find("gpurun --help"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace gpurun

@@ -1,0 +1,186 @@
+// The planner over synthetic probes: peak(b) = fixed + b x per_sample (x 0.4 activations with
+// checkpointing), step time per sample falling with the micro-batch.
+#include <gtest/gtest.h>
+
+#include "gpurun/errors.h"
+#include "memory/planner.h"
+
+namespace gpurun {
+namespace {
+
+struct Device {
+  int64_t fixed = 1000, per_sample = 100;
+  double checkpoint_activation_factor = 0.4, checkpoint_time_factor = 1.3;
+  int64_t eval_per_sample = 20;
+  int calls = 0;
+  std::vector<std::pair<int64_t, bool>> probed;
+
+  Probe train(int64_t micro, bool ckpt) {
+    ++calls;
+    probed.emplace_back(micro, ckpt);
+    Probe p;
+    p.micro_batch = micro;
+    p.checkpointing = ckpt;
+    const double act = static_cast<double>(micro * per_sample) * (ckpt ? checkpoint_activation_factor : 1);
+    p.peak_bytes = fixed + static_cast<int64_t>(act);
+    p.step_seconds = (0.01 + 0.001 * micro) * (ckpt ? checkpoint_time_factor : 1.0);
+    return p;
+  }
+  Probe eval(int64_t batch) {
+    Probe p;
+    p.micro_batch = batch;
+    p.peak_bytes = fixed + batch * eval_per_sample;
+    return p;
+  }
+};
+
+PlanRequest request(int64_t capacity, const std::string& strategy = "auto") {
+  PlanRequest r;
+  r.global_batch = 64;
+  r.micro_batch = 64;
+  r.eval_batch = 64;
+  r.capacity_bytes = capacity;
+  r.headroom = 0.0;
+  r.strategy = strategy;
+  return r;
+}
+
+MemoryPlan plan_for(Device& d, const PlanRequest& r) {
+  return choose_plan(
+      r, [&](int64_t m, bool c) { return d.train(m, c); }, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
+}
+
+TEST(Planner, FitsAsConfiguredWithOneProbe) {
+  Device d;
+  MemoryPlan p = plan_for(d, request(100000));
+  EXPECT_EQ(p.micro_batch, 64);
+  EXPECT_EQ(p.accumulation_steps, 1);
+  EXPECT_FALSE(p.activation_checkpointing);
+  EXPECT_EQ(p.measured_peak_bytes, 1000 + 6400);
+  EXPECT_EQ(d.calls, 1);
+}
+
+TEST(Planner, AccumulationTakesTheLargestFittingDivisor) {
+  Device d;
+  // 1000 + 100 b <= 2700  ->  b <= 17; divisors of 64: 16.
+  MemoryPlan p = plan_for(d, request(2700, "accumulate"));
+  EXPECT_EQ(p.micro_batch, 16);
+  EXPECT_EQ(p.accumulation_steps, 4);
+  EXPECT_EQ(p.micro_batch * p.accumulation_steps * p.world_size, p.global_batch);
+  EXPECT_LE(p.measured_peak_bytes, 2700);
+  EXPECT_LE(d.calls, 4) << "the line fit should avoid probing every divisor";
+}
+
+TEST(Planner, CheckpointingAloneWhenItFits) {
+  Device d;
+  // plain 64: 7400; checkpointed 64: 1000 + 2560 = 3560.
+  MemoryPlan p = plan_for(d, request(4000, "checkpoint"));
+  EXPECT_EQ(p.micro_batch, 64);
+  EXPECT_TRUE(p.activation_checkpointing);
+}
+
+TEST(Planner, AutoTakesTheFastestFittingOption) {
+  Device d;
+  // accumulation fits at 16 (slow per sample: (0.01+0.016)/16 = 1.6 ms); checkpointing at 64
+  // ((0.01+0.064)*1.3/64 = 1.5 ms): checkpointing wins.
+  MemoryPlan p = plan_for(d, request(4000));
+  EXPECT_TRUE(p.activation_checkpointing);
+  EXPECT_EQ(p.micro_batch, 64);
+  d = Device();
+  d.checkpoint_time_factor = 2.0;  // now accumulation is faster
+  p = plan_for(d, request(4000));
+  EXPECT_FALSE(p.activation_checkpointing);
+  EXPECT_EQ(p.micro_batch, 16);
+  EXPECT_NE(p.reason.find("fastest"), std::string::npos);
+}
+
+TEST(Planner, BothWhenNeitherAloneFits) {
+  Device d;
+  // checkpointed: 1000 + 40 b <= 1700 -> b <= 17 -> 16; plain: b <= 7 -> 4.
+  MemoryPlan p = plan_for(d, request(1700));
+  EXPECT_EQ(p.micro_batch * p.accumulation_steps, 64);
+  EXPECT_LE(p.measured_peak_bytes, 1700);
+  if (p.activation_checkpointing) {
+    EXPECT_EQ(p.micro_batch, 16);
+  }
+}
+
+TEST(Planner, NothingFitsNamesNeedCapacityAndACard) {
+  Device d;
+  d.fixed = int64_t{30} << 30;  // 30 GiB of weights and optimizer state
+  try {
+    plan_for(d, request(int64_t{24} << 30));
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(int64_t{24} << 30)), std::string::npos) << m;
+    EXPECT_NE(m.find("48 GB"), std::string::npos) << m;
+  }
+}
+
+TEST(Planner, StrategyNoneRefusesWhatDoesNotFit) {
+  Device d;
+  EXPECT_THROW(plan_for(d, request(2000, "none")), ConfigError);
+}
+
+// Case 9: memory that fits training micro-batch 8 but not eval batch 64: only eval shrinks.
+TEST(Planner, EvalOnlyExcessShrinksOnlyTheEvalBatch) {
+  Device d;
+  d.eval_per_sample = 40;  // eval 64: 1000 + 2560 = 3560; train 8: 1800
+  PlanRequest r = request(2000);
+  r.global_batch = 8;
+  r.micro_batch = 8;
+  MemoryPlan p = plan_for(d, r);
+  EXPECT_EQ(p.micro_batch, 8);
+  EXPECT_EQ(p.accumulation_steps, 1);
+  EXPECT_EQ(p.eval_batch, 16);  // 64 -> 32 (2280) -> 16 (1640)
+  EXPECT_EQ(p.micro_batch * p.accumulation_steps * p.world_size, 8);
+}
+
+TEST(Planner, OutOfMemoryProbeCountsAsNotFitting) {
+  Device d;
+  auto train = [&](int64_t m, bool c) {
+    Probe p = d.train(m, c);
+    if (p.peak_bytes > 3000) {
+      p.out_of_memory = true;
+      p.peak_bytes = 0;
+    }
+    return p;
+  };
+  MemoryPlan p = choose_plan(request(3000, "accumulate"), train, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
+  EXPECT_EQ(p.micro_batch, 16);
+}
+
+TEST(Planner, HalvingKeepsTheGlobalBatchAndStopsAtOne) {
+  MemoryPlan p;
+  p.global_batch = 48;
+  p.world_size = 2;
+  p.micro_batch = 24;
+  p.accumulation_steps = 1;
+  p = halve_micro_batch(p);
+  EXPECT_EQ(p.micro_batch, 12);
+  EXPECT_EQ(p.accumulation_steps, 2);
+  p = halve_micro_batch(halve_micro_batch(p));  // 6, 3
+  EXPECT_EQ(p.micro_batch, 3);
+  p = halve_micro_batch(p);
+  EXPECT_EQ(p.micro_batch, 1);
+  EXPECT_EQ(p.accumulation_steps, 24);
+  EXPECT_THROW(halve_micro_batch(p), ConfigError);
+}
+
+TEST(Planner, PlanJsonRoundTrip) {
+  Device d;
+  MemoryPlan p = plan_for(d, request(2700));
+  MemoryPlan q = MemoryPlan::from_json(p.to_json());
+  EXPECT_EQ(q.to_json(), p.to_json());
+}
+
+TEST(Planner, SmallestCard) {
+  EXPECT_EQ(smallest_card_for(int64_t{20} << 30, 0.1).substr(0, 5), "24 GB");
+  EXPECT_EQ(smallest_card_for(int64_t{70} << 30, 0.1).substr(0, 5), "80 GB");
+  EXPECT_EQ(smallest_card_for(int64_t{500} << 30, 0.1), "");
+}
+
+}  // namespace
+}  // namespace gpurun

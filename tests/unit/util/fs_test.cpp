@@ -1,0 +1,237 @@
+// gpurun::fs on real files in a fresh temporary directory.
+#include "util/fs.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/temp_dir.h"
+
+#include "gpurun/errors.h"
+
+namespace {
+
+namespace stdfs = std::filesystem;
+using gpurun::IoError;
+
+class FsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmp_.path();
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& e : stdfs::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
+    return names;
+  }
+
+  gpurun::test::TempDir tmp_{"fs"};
+  std::string dir_;
+};
+
+int errno_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const IoError& e) {
+    return e.error_number();
+  }
+  return 0;
+}
+
+TEST_F(FsTest, WriteThenReadReturnsTheSameBytes) {
+  std::string data(3 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
+  gpurun::fs::write_file(path("blob"), data);
+  EXPECT_EQ(gpurun::fs::read_file(path("blob")), data);
+  gpurun::fs::write_file(path("blob"), "short");  // truncates
+  EXPECT_EQ(gpurun::fs::read_file(path("blob")), "short");
+  gpurun::fs::write_file(path("empty"), "");
+  EXPECT_EQ(gpurun::fs::read_file(path("empty")), "");
+}
+
+TEST_F(FsTest, ReadOfMissingFileThrowsIoErrorWithEnoentAndPath) {
+  try {
+    gpurun::fs::read_file(path("missing"));
+    FAIL() << "no exception";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOENT);
+    EXPECT_EQ(e.path(), path("missing"));
+    EXPECT_NE(std::string(e.what()).find(path("missing")), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FsTest, WriteIntoMissingDirectoryThrows) {
+  EXPECT_EQ(errno_of([&] { gpurun::fs::write_file(path("no/such/file"), "x"); }), ENOENT);
+}
+
+TEST_F(FsTest, ReplaceFileReplacesContentAndLeavesNoTemporary) {
+  gpurun::fs::replace_file(path("LATEST"), "old\n");
+  gpurun::fs::replace_file(path("LATEST"), "new\n");
+  EXPECT_EQ(gpurun::fs::read_file(path("LATEST")), "new\n");
+  EXPECT_EQ(entries(), std::vector<std::string>{"LATEST"});
+}
+
+TEST_F(FsTest, ReplaceFileReadersSeeOldOrNewContentNeverAMix) {
+  const std::string a(64 << 10, 'a'), b(96 << 10, 'b');
+  gpurun::fs::replace_file(path("status.json"), a);
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0}, torn{0};
+  std::thread reader([&] {
+    while (!done) {
+      const std::string got = gpurun::fs::read_file(path("status.json"));
+      if (got != a && got != b) ++torn;
+      ++reads;
+    }
+  });
+  for (int i = 0; i < 100; ++i) gpurun::fs::replace_file(path("status.json"), i % 2 ? a : b);
+  done = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_EQ(entries(), std::vector<std::string>{"status.json"});
+}
+
+TEST_F(FsTest, ReplaceFileFailureKeepsTargetAndRemovesTemporary) {
+  stdfs::create_directories(path("LATEST/inside"));  // rename(2) over a non-empty directory fails
+  EXPECT_THROW(gpurun::fs::replace_file(path("LATEST"), "x"), IoError);
+  EXPECT_TRUE(stdfs::is_directory(path("LATEST/inside")));
+  EXPECT_EQ(entries(), std::vector<std::string>{"LATEST"});
+}
+
+TEST_F(FsTest, AppendLineAddsOneNewlineTerminatedLine) {
+  gpurun::fs::append_line(path("metrics.jsonl"), R"({"event":"step","global_step":1})");
+  gpurun::fs::append_line(path("metrics.jsonl"), R"({"event":"step","global_step":2})");
+  EXPECT_EQ(gpurun::fs::read_file(path("metrics.jsonl")),
+            "{\"event\":\"step\",\"global_step\":1}\n{\"event\":\"step\",\"global_step\":2}\n");
+}
+
+TEST_F(FsTest, ConcurrentAppendersNeverInterleaveWithinALine) {
+  constexpr int kThreads = 4, kLines = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kLines; ++i) {
+        gpurun::fs::append_line(path("log"), std::string(100 + t, 'a' + t) + std::to_string(i));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::istringstream in(gpurun::fs::read_file(path("log")));
+  std::set<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    ASSERT_GE(line.size(), 100u);
+    const char c = line[0];
+    const size_t run = 100 + static_cast<size_t>(c - 'a');
+    ASSERT_EQ(line.find_first_not_of(c), run) << line;
+    lines.insert(line);
+  }
+  EXPECT_EQ(lines.size(), static_cast<size_t>(kThreads * kLines));
+}
+
+TEST_F(FsTest, RenameDurableMovesAndThrowsForMissingSource) {
+  gpurun::fs::make_dirs(path("sub"));
+  gpurun::fs::write_file(path("a"), "content");
+  gpurun::fs::rename_durable(path("a"), path("sub/b"));
+  EXPECT_FALSE(stdfs::exists(path("a")));
+  EXPECT_EQ(gpurun::fs::read_file(path("sub/b")), "content");
+  EXPECT_EQ(errno_of([&] { gpurun::fs::rename_durable(path("a"), path("c")); }), ENOENT);
+}
+
+TEST_F(FsTest, SyncDirWorksOnADirectoryAndThrowsForAMissingOne) {
+  EXPECT_NO_THROW(gpurun::fs::sync_dir(dir_));
+  EXPECT_EQ(errno_of([&] { gpurun::fs::sync_dir(path("missing")); }), ENOENT);
+}
+
+TEST_F(FsTest, MakeDirsCreatesNestedDirectoriesAndAcceptsExistingOnes) {
+  gpurun::fs::make_dirs(path("a/b/c/"));
+  EXPECT_TRUE(stdfs::is_directory(path("a/b/c")));
+  EXPECT_NO_THROW(gpurun::fs::make_dirs(path("a/b/c")));
+  EXPECT_NO_THROW(gpurun::fs::make_dirs(path("a")));
+}
+
+TEST_F(FsTest, MakeDirsThroughARegularFileThrowsEnotdir) {
+  gpurun::fs::write_file(path("file"), "x");
+  EXPECT_EQ(errno_of([&] { gpurun::fs::make_dirs(path("file")); }), ENOTDIR);
+  EXPECT_EQ(errno_of([&] { gpurun::fs::make_dirs(path("file/sub")); }), ENOTDIR);
+}
+
+TEST_F(FsTest, RemoveAllRemovesATreeAndIgnoresAMissingPath) {
+  gpurun::fs::make_dirs(path("t/u"));
+  gpurun::fs::write_file(path("t/u/f"), "x");
+  gpurun::fs::remove_all(path("t"));
+  EXPECT_FALSE(stdfs::exists(path("t")));
+  EXPECT_NO_THROW(gpurun::fs::remove_all(path("t")));
+}
+
+TEST_F(FsTest, ExistsFileSizeAndListDir) {
+  EXPECT_EQ(gpurun::fs::list_dir(path("missing")), std::vector<std::string>{});
+  gpurun::fs::write_file(path("b"), "12345");
+  gpurun::fs::make_dirs(path("a"));
+  EXPECT_EQ(gpurun::fs::list_dir(dir_), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(gpurun::fs::exists(path("a")));
+  EXPECT_FALSE(gpurun::fs::exists(path("c")));
+  EXPECT_EQ(gpurun::fs::file_size(path("b")), 5);
+  EXPECT_EQ(gpurun::fs::file_size(path("c")), -1);
+  EXPECT_EQ(errno_of([&] { gpurun::fs::list_dir(path("b")); }), ENOTDIR);
+}
+
+TEST(FsRetry, TransientErrnosAreTheNetworkFileSystemOnes) {
+  for (int err : {EIO, ESTALE, ETIMEDOUT, EINTR, EAGAIN}) {
+    EXPECT_TRUE(gpurun::fs::is_transient(err)) << err;
+  }
+  for (int err : {0, ENOENT, EACCES, ENOSPC, EEXIST, ENOTDIR, EROFS}) {
+    EXPECT_FALSE(gpurun::fs::is_transient(err)) << err;
+  }
+}
+
+TEST(FsRetry, RetriesATransientErrorUntilTheOperationSucceeds) {
+  int calls = 0;
+  const int result = gpurun::fs::with_retries([&] {
+    if (++calls < 3) throw IoError("read", "/nfs/x", EIO);
+    return 42;
+  });
+  EXPECT_EQ(result, 42);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(FsRetry, RethrowsAPermanentErrorAtOnce) {
+  int calls = 0;
+  EXPECT_THROW(gpurun::fs::with_retries([&] {
+                 ++calls;
+                 throw IoError("open", "/nfs/x", EACCES);
+               }),
+               IoError);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(FsRetry, GivesUpAfterTheLastAttempt) {
+  int calls = 0;
+  try {
+    gpurun::fs::with_retries(
+        [&] {
+          ++calls;
+          throw IoError("write", "/nfs/x", ESTALE);
+        },
+        2);
+    FAIL() << "no exception";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ESTALE);
+  }
+  EXPECT_EQ(calls, 2);
+}
+
+}  // namespace
