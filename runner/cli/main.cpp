@@ -9,7 +9,7 @@
 #include "cli/command_line.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
-#include "launch/signals.h"
+#include "util/signals.h"
 
 int main(int argc, char** argv) {
   // First, so that a signal at any moment ends in exit 75, never 143.

@@ -26,7 +26,7 @@
 
 #include "distributed/worker_env.h"
 #include "gpurun/errors.h"
-#include "launch/signals.h"
+#include "util/signals.h"
 #include "report/reporter.h"
 #include "util/clock.h"
 

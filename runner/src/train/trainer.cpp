@@ -26,7 +26,7 @@
 #include "memory/planner.h"
 #include "gpurun/registry.h"
 #include "train/run_setup.h"
-#include "launch/signals.h"
+#include "util/signals.h"
 #include "checkpoint/train_state.h"
 #include "report/reporter.h"
 #include "train/micro_batch_step.h"

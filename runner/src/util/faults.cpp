@@ -12,7 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "launch/signals.h"
+#include "util/signals.h"
 
 namespace gpurun {
 namespace {

@@ -22,7 +22,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "launch/signals.h"
+#include "util/signals.h"
 
 namespace {
 

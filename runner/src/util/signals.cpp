@@ -1,4 +1,4 @@
-#include "launch/signals.h"
+#include "util/signals.h"
 
 #include <unistd.h>
 
