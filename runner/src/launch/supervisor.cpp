@@ -151,7 +151,7 @@ class Supervisor {
   }
 
   /// Reaps the workers that exited since the last poll, reading the step each reached from its
-  /// heartbeat file. Returns their indices.
+  /// heartbeat file (its last beat is written before it exits). Returns their indices.
   std::vector<int> reap() {
     std::vector<int> ended;
     for (size_t i = 0; i < group_.workers.size(); ++i) {
@@ -306,10 +306,11 @@ class Supervisor {
       if (!w.done) ::kill(whole_group ? -w.child.pid : w.child.pid, sig);
   }
 
-  /// The workers to start: options_.workers, or one named "worker".
+  /// The workers to start: options_.workers, or one named "worker" whose heartbeat is the
+  /// progress file.
   std::vector<SupervisorOptions::Worker> worker_specs() const {
     if (!options_.workers.empty()) return options_.workers;
-    return {SupervisorOptions::Worker{{}, "worker", ""}};
+    return {SupervisorOptions::Worker{{}, "worker", options_.progress_file}};
   }
 
   static bool sleep_unless_stopped(double seconds) {

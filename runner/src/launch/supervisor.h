@@ -12,9 +12,9 @@
 //   exit 75 (stopped by a signal) is returned as is; any other exit, a death by a signal (the
 //   OOM killer's SIGKILL included) and a hang are retried up to max_restarts times.
 // - Progress: the child rewrites a heartbeat file (RUN_DIR/heartbeat, "step N") as it trains,
-//   at most once a second; no change of its mtime or size for hang_timeout seconds counts as
-//   a hang. The time the child needs before its first step (loading data, a checkpoint)
-//   counts too.
+//   at most once a second, and once more with its final step when it stops, saves or exits;
+//   no change of its mtime or size for hang_timeout seconds counts as a hang. The time the
+//   child needs before its first step (loading data, a checkpoint) counts too.
 // - The child runs in its own process group with stdout inherited and stderr piped through the
 //   supervisor (echoed as it comes, the last lines kept for the failure report). A stop signal
 //   received by the supervisor (gpurun::stop_signal()) is forwarded to the child (SIGINT as
@@ -42,9 +42,10 @@ struct SupervisorOptions {
   /// process may not handle SIGTERM) and the run counts as failed; 0 turns the watchdog off.
   double hang_timeout = 0;
   /// The heartbeat file of the child (of a group's first worker: RUN_DIR/heartbeat); required
-  /// when hang_timeout > 0, and also used for the backoff when set. Only a change of its mtime
-  /// or size seen during this run counts: a file left by an earlier run does not, and a file
-  /// server's clock that differs from ours does not matter (NFS).
+  /// when hang_timeout > 0, also used for the backoff when set, and read for the step a lone
+  /// worker reached (a group's workers name their own). Only a change of its mtime or size
+  /// seen during this run counts: a file left by an earlier run does not, and a file server's
+  /// clock that differs from ours does not matter (NFS).
   std::string progress_file;
   /// Seconds before the first restart; doubles per failure without progress in between (a run
   /// whose heartbeat advanced resets it), capped at backoff_max.
