@@ -112,7 +112,7 @@ class Trainer {
                         {"restarts", options_.restart_count}},
                        true);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
-      checkpointer_.drain();
+      checkpointer_.finish(global_step_);  // throws when the final state is not saved
       if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
@@ -521,6 +521,8 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
       throw ConfigError(dir + " exists and is not a directory");
   }
+  // Before the data and the model are loaded: a run that could save nothing does not start.
+  if (!options.dist || options.dist->rank == 0) Checkpointer::check_writable(options.ckpt_dir);
   std::unique_ptr<Collectives> comm;
   if (options.dist && options.dist->world_size > 1) {
     const DistEnv& d = *options.dist;
