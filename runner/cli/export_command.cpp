@@ -60,6 +60,11 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
   if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
   if (to.empty()) throw ConfigError("gpurun export: --to FILE must not be empty");
+  // An existing file is replaced (atomically); a directory never is: the rename would fail
+  // after the export's work, or, named with a trailing slash, the path is no file at all.
+  if (to.back() == '/' || stdfs::is_directory(to, ec))
+    throw ConfigError("gpurun export --to " + to +
+                      ": --to is a directory; name the file to write the model to");
   const stdfs::path parent = stdfs::absolute(to, ec).parent_path();
   if (!stdfs::is_directory(parent, ec))
     throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
