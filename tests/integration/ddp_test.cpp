@@ -304,6 +304,10 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
   const auto signals = events(ckpt, "signal");
   ASSERT_EQ(signals.size(), 1u);
   EXPECT_EQ(inspect(ckpt)["global_step"], signals[0]["global_step"]);
+  // Issue 16 defect 6: the report names the step rank 0 saved, not an earlier heartbeat's.
+  const std::string saved = std::to_string(signals[0]["global_step"].get<int64_t>());
+  EXPECT_TRUE(contains(stopped.err, "rank 0 exited with code 75 at step " + saved + " "))
+      << stopped.err;
   for (int rank : {0, 1})
     EXPECT_TRUE(contains(slurp(ckpt + "/rank-" + std::to_string(rank) + ".log"), "stopping"))
         << "rank " << rank;

@@ -174,6 +174,24 @@ TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
   EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
 }
 
+// Issue 16 defect 6: the launcher's report names the step the worker really reached, the one
+// its stop saved, not that of an earlier heartbeat (rewritten at most once a second).
+TEST(Supervisor, StoppedWorkerIsReportedAtTheStepItSaved) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 1));
+  // No step events: the stop itself must bring the heartbeat up to date.
+  Result r = run_gpurun(
+      with_sets({config, "--ckpt", dir / "ckpt", "--max-restarts", "1"}, {"log.every_steps=100"}),
+      {{"GPURUN_FAULT", "sigterm:after_step:3"}});
+  ASSERT_EQ(r.exit_code, 75) << r.err;
+  const auto signals = events(dir / "ckpt", "signal");
+  ASSERT_EQ(signals.size(), 1u);
+  EXPECT_EQ(signals[0]["global_step"], 3);
+  EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 3);
+  EXPECT_TRUE(contains(r.err, "worker exited with code 75 at step 3 (stopped by a signal)"))
+      << r.err;
+}
+
 TEST(Supervisor, ConfigErrorIsNotRetried) {
   TempDir dir;
   const std::string config = write_config(dir, "train: {epocs: 2}\n");

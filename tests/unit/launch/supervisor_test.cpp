@@ -275,6 +275,22 @@ TEST_F(SupervisorTest, FailureReportHoldsTheLastStderrLines) {
   EXPECT_EQ(text.find("line-19"), std::string::npos) << text;
 }
 
+TEST_F(SupervisorTest, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
+  // A lone worker's heartbeat is the progress file; it is read once the worker is reaped, so
+  // its last beat (written as it stops) is the step reported, not an earlier one.
+  auto o = options(
+      "echo 'step 1' > \"$DIR/heartbeat\"; sleep 0.2; echo 'step 9' > \"$DIR/heartbeat\"; "
+      "exit 75");
+  o.progress_file = dir_ + "/heartbeat";
+  LogCapture log;
+  EXPECT_EQ(gpurun::supervise(o), 75);
+  ASSERT_EQ(exits_.size(), 1u);
+  EXPECT_EQ(exits_[0].step, 9);
+  EXPECT_NE(log.text().find("worker exited with code 75 at step 9 (stopped by a signal)"),
+            std::string::npos)
+      << log.text();
+}
+
 TEST_F(SupervisorTest, StopSignalIsForwardedAndNotRestarted) {
   auto o = options("trap 'exit 75' TERM; while true; do sleep 0.1; done", 3);
   std::thread stopper = stop_later(0.5, SIGTERM);
