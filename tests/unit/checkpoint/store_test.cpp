@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,8 +20,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include <torch/version.h>
+#include "common/temp_dir.h"
 
 #include "cli/ckpt_command.h"
 #include "gpurun/errors.h"
@@ -32,6 +33,8 @@ namespace {
 namespace stdfs = std::filesystem;
 using gpurun::CheckpointSnapshot;
 using gpurun::CheckpointStore;
+using gpurun::CheckpointView;
+using gpurun::LatestFile;
 using nlohmann::json;
 
 CheckpointSnapshot make_snapshot(int64_t epoch, int64_t step, size_t model_bytes = 4096) {
@@ -392,6 +395,8 @@ TEST_F(CheckpointTest, BadFileNamesAreRefusedBeforeAnyWrite) {
   EXPECT_THROW(store.save(snap), std::invalid_argument);
   snap.files.back().first = "manifest.json";
   EXPECT_THROW(store.save(snap), std::invalid_argument);
+  snap.files.back() = snap.files.front();  // a duplicate name
+  EXPECT_THROW(store.save(snap), std::invalid_argument);
   EXPECT_FALSE(stdfs::exists(dir_));
   EXPECT_THROW(CheckpointStore(dir_, 0), std::invalid_argument);
 }
@@ -419,7 +424,7 @@ TEST_F(CheckpointTest, NewerFormatVersionIsNotComplete) {
   json m = json::parse(gpurun::fs::read_file(manifest));
   m["format_version"] = gpurun::kCheckpointFormatVersion + 1;
   gpurun::fs::write_file(manifest, m.dump());
-  const auto info = CheckpointStore::inspect(path("ckpt-e0000-s0000001"), false);
+  const auto info = gpurun::CheckpointView::inspect(path("ckpt-e0000-s0000001"), false);
   EXPECT_FALSE(info.complete);
   EXPECT_NE(info.problem.find("format_version 2"), std::string::npos) << info.problem;
 }
@@ -510,6 +515,217 @@ TEST_F(CheckpointTest, CkptErrorsMapToTheirExitCodes) {
   EXPECT_THROW(run("frobnicate", false, &out), gpurun::ConfigError);
   stdfs::create_directories(dir_);
   EXPECT_THROW(run("inspect", true, &out), gpurun::ResumeError);  // nothing to inspect
+}
+
+TEST(CheckpointName, ParsesWhatCheckpointNameWrites) {
+  const auto parsed = gpurun::parse_checkpoint_name(gpurun::checkpoint_name(3, 450));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->epoch, 3);
+  EXPECT_EQ(parsed->global_step, 450);
+  const auto aside = gpurun::parse_checkpoint_name("ckpt-e0001-s0000020.damaged.2");
+  ASSERT_TRUE(aside.has_value());
+  EXPECT_EQ(aside->global_step, 20);
+  EXPECT_FALSE(gpurun::parse_checkpoint_name("ckpt-final").has_value());
+  EXPECT_FALSE(gpurun::parse_checkpoint_name("LATEST").has_value());
+
+  EXPECT_TRUE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020"));
+  EXPECT_TRUE(gpurun::is_checkpoint_folder_name("ckpt-final"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020.damaged"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020.damaged.1"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name(".tmp-ckpt-e0001-s0000020-123"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("LATEST"));
+}
+
+TEST_F(CheckpointTest, ViewListsNewestCompleteAndLatestAsTheStoreWroteThem) {
+  const CheckpointView missing(dir_);
+  EXPECT_TRUE(missing.list(true).empty());  // DIR does not exist yet
+  EXPECT_FALSE(missing.has_checkpoints());
+  EXPECT_FALSE(missing.newest_complete().has_value());
+  EXPECT_EQ(missing.latest().state, LatestFile::State::kMissing);
+  EXPECT_EQ(missing.latest().describe(), "LATEST is missing");
+
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 12);  // epochs 0 and 1; the three newest are kept
+  const CheckpointView view(dir_);
+  const auto listed = view.list(true);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[2].name, names[11]);
+  EXPECT_EQ(listed[2].epoch, 1);
+  EXPECT_EQ(listed[2].global_step, 12);
+  EXPECT_EQ(listed[0].epoch, 1);
+  EXPECT_EQ(listed[0].global_step, 10);
+  EXPECT_TRUE(view.has_checkpoints());
+  ASSERT_NE(CheckpointView::newest_complete(listed), nullptr);
+  EXPECT_EQ(CheckpointView::newest_complete(listed)->name, names[11]);
+  const auto newest = view.newest_complete();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->name, names[11]);
+  EXPECT_TRUE(newest->complete);
+  const LatestFile latest = view.latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kPresent);
+  EXPECT_EQ(latest.name, names[11]);
+  EXPECT_TRUE(latest.names(names[11]));
+  EXPECT_FALSE(latest.names(names[10]));
+  EXPECT_EQ(latest.describe(), "LATEST names \"" + names[11] + "\"");
+  // The store reads through the same view.
+  EXPECT_EQ(store.list(true).size(), listed.size());
+  EXPECT_EQ(store.view().dir(), dir_);
+}
+
+TEST_F(CheckpointTest, ViewSkipsANewerDamagedCheckpointAndLeavesItInPlace) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 3);
+  flip_byte(path(names[2] + "/model.pt"), 10);  // sizes match: only the checksum sees it
+  truncate_file(path(names[1] + "/optim.pt"), 3);
+  const auto newest = CheckpointView(dir_).newest_complete();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->name, names[0]);
+  EXPECT_TRUE(stdfs::exists(path(names[2] + "/model.pt")));  // read-only: nothing renamed
+  EXPECT_TRUE(stdfs::exists(path(names[1] + "/optim.pt")));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", names[0], names[1], names[2]}));
+}
+
+TEST_F(CheckpointTest, IsCheckpointFolderTellsAFolderFromARoot) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 1);
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0])));
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0]) + "/"));
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0] + ".damaged")));
+  EXPECT_FALSE(CheckpointView::is_checkpoint_folder(dir_));
+  EXPECT_FALSE(CheckpointView::is_checkpoint_folder(dir_ + "/"));
+  // Renamed by a person: its manifest says what it is.
+  stdfs::rename(path(names[0]), root_ + "/best");
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(root_ + "/best"));
+}
+
+// Issue 16, defect 4: a file that cannot be read as a file is damage like any other, for the
+// view (every checkpoint reported) and for a resume (set aside, the previous one loaded).
+TEST_F(CheckpointTest, AFileReplacedByADirectoryDamagesOnlyItsCheckpoint) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 3);
+  stdfs::remove(path(names[2] + "/model.pt"));
+  stdfs::create_directories(path(names[2] + "/model.pt"));
+  stdfs::remove(path(names[1] + "/manifest.json"));
+  stdfs::create_directories(path(names[1] + "/manifest.json"));
+  for (const bool verify : {false, true}) {
+    const auto listed = CheckpointView(dir_).list(verify);
+    ASSERT_EQ(listed.size(), 3u);
+    EXPECT_TRUE(listed[0].complete) << listed[0].problem;
+    EXPECT_EQ(listed[1].problem, "manifest.json: not a regular file");
+    EXPECT_EQ(listed[2].problem, "model.pt: not a regular file");
+  }
+  EXPECT_EQ(CheckpointView(dir_).newest_complete()->name, names[0]);
+  EXPECT_THROW(CheckpointStore::load(path(names[2])), gpurun::ResumeError);
+
+  const auto loaded = store.load_latest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->info.name, names[0]);
+  EXPECT_TRUE(stdfs::is_directory(path(names[2] + ".damaged/model.pt")));
+}
+
+TEST_F(CheckpointTest, AFifoWhereAFileBelongsIsDamageAndNeverBlocks) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path(names[1] + "/trainer.pt"));
+  ASSERT_EQ(::mkfifo(path(names[1] + "/trainer.pt").c_str(), 0600), 0);
+  const auto listed = CheckpointView(dir_).list(true);  // opening it for reading would block
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[1].problem, "trainer.pt: not a regular file");
+  EXPECT_EQ(store.load_latest()->info.name, names[0]);
+}
+
+TEST_F(CheckpointTest, UnreadableFileIsReportedByTheViewAndThrownForAResume) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads a file of mode 000";
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  ASSERT_EQ(::chmod(path(names[1] + "/model.pt").c_str(), 0), 0);
+  const auto listed = CheckpointView(dir_).list(true);
+  EXPECT_EQ(listed[1].problem.rfind("model.pt: cannot be read (", 0), 0u) << listed[1].problem;
+  EXPECT_THROW(CheckpointView(dir_, gpurun::ReadErrors::kThrow).list(true), gpurun::IoError);
+  // The storage, not the checkpoint, failed: a resume neither sets it aside nor falls back.
+  EXPECT_THROW(store.load_latest(), gpurun::IoError);
+  EXPECT_TRUE(stdfs::exists(path(names[1])));
+}
+
+// Issue 16, defect 11: LATEST's bytes never reach a terminal raw.
+TEST_F(CheckpointTest, LatestIsDescribedEscapedMissingEmptyOrUnreadable) {
+  stdfs::create_directories(dir_);
+  const std::string garbage("ckpt-\0\xff\n\x1b[2J", 12);
+  gpurun::fs::write_file(path("LATEST"), garbage + "\n");
+  LatestFile latest = CheckpointView(dir_).latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kPresent);
+  EXPECT_EQ(latest.name, garbage);  // as it is, for comparisons
+  EXPECT_EQ(latest.describe(), R"(LATEST names "ckpt-\x00\xff\n\x1b[2J")");
+
+  gpurun::fs::write_file(path("LATEST"), " \n");
+  EXPECT_EQ(CheckpointView(dir_).latest().describe(), "LATEST is empty");
+  stdfs::remove(path("LATEST"));
+  EXPECT_EQ(CheckpointView(dir_).latest().describe(), "LATEST is missing");
+  stdfs::create_directories(path("LATEST"));
+  latest = CheckpointView(dir_).latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kUnreadable);
+  EXPECT_EQ(latest.describe().rfind("LATEST cannot be read (read ", 0), 0u) << latest.describe();
+}
+
+TEST_F(CheckpointTest, AResumeCorrectsAMissingLatest) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path("LATEST"));
+  EXPECT_EQ(store.load_latest()->info.name, names[1]);
+  EXPECT_EQ(latest(), names[1] + "\n");
+}
+
+// save() in its three steps: hashing refuses bad names before any write (above), writing keeps
+// an existing complete folder (above), and retention spares what is newer than the newest
+// complete checkpoint, which may be a save in progress under another name.
+TEST_F(CheckpointTest, RetentionSparesAnIncompleteFolderNewerThanTheNewestComplete) {
+  CheckpointStore store(dir_, 2);
+  save_steps(store, 2);
+  stdfs::create_directories(path("ckpt-e0000-s0000009"));
+  stdfs::create_directories(path("ckpt-e0000-s0000000"));
+  const gpurun::SaveResult saved = store.save(make_snapshot(0, 3));
+  EXPECT_EQ(saved.removed,
+            (std::vector<std::string>{"ckpt-e0000-s0000001", "ckpt-e0000-s0000000"}));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000002",
+                                                 "ckpt-e0000-s0000003", "ckpt-e0000-s0000009"}));
+  EXPECT_EQ(saved.bytes, 4096 + 1000 + 6);
+}
+
+TEST_F(CheckpointTest, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path(names[1] + "/model.pt"));
+  stdfs::create_directories(path(names[1] + "/model.pt"));
+  std::string out;
+  EXPECT_EQ(run("verify", false, &out), 0);
+  EXPECT_NE(out.find("FAILED  " + names[1] + ": model.pt: not a regular file"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("ok      " + names[0]), std::string::npos) << out;
+  ASSERT_EQ(run("inspect", true, &out), 0);
+  EXPECT_EQ(json::parse(out)["global_step"], 1);
+  EXPECT_EQ(run("inspect", true, &out, path(names[1])), 1);  // its manifest, not verifying
+  EXPECT_EQ(json::parse(out)["global_step"], 2);
+}
+
+TEST_F(CheckpointTest, CkptListEscapesAGarbageLatest) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 1);
+  gpurun::fs::write_file(path("LATEST"), std::string("ckpt-\0\xff\x1b[2J\n", 12));
+  std::string out;
+  ASSERT_EQ(run("list", false, &out), 0);
+  EXPECT_NE(out.find(R"(LATEST names "ckpt-\x00\xff\x1b[2J", which is not here)"),
+            std::string::npos)
+      << out;
+  for (const char raw : {'\0', '\xff', '\x1b'}) EXPECT_EQ(out.find(raw), std::string::npos);
+  ASSERT_EQ(run("list", true, &out), 0);
+  const json j = json::parse(out);  // not UTF-8 on disk, valid JSON out
+  EXPECT_EQ(j["checkpoints"][0]["latest"], false);
+  EXPECT_EQ(j["latest"].get<std::string>().substr(0, 6), std::string("ckpt-\0", 6));
+
+  stdfs::remove(path("LATEST"));
+  ASSERT_EQ(run("list", false, &out), 0);
+  EXPECT_NE(out.find("LATEST is missing"), std::string::npos) << out;
+  EXPECT_EQ(out.find("LATEST names"), std::string::npos) << out;
 }
 
 }  // namespace
