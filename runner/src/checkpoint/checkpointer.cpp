@@ -12,6 +12,7 @@
 #include "checkpoint/train_state.h"
 #include "report/reporter.h"
 #include "util/clock.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -82,7 +83,8 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
   // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
   std::vector<at::Tensor> rank_rng;
   if (comm_) {
-    const std::vector<std::string> states = comm_->gather(tensor_bytes(cpu_rng_state()));
+    const std::vector<std::string> states =
+        comm_->gather(tensor_bytes(rng_state(default_generator(at::kCPU))));
     for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
   }
   if (rank_ == 0) {
