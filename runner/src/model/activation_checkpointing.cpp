@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "gpurun/model.h"
 #include "util/rng.h"
 
 namespace gpurun {
@@ -118,6 +119,11 @@ torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::T
   if (!c10::GradMode::is_enabled()) return segment->forward(x);
   std::vector<at::Tensor> parameters = segment->parameters(/*recurse=*/true);
   return CheckpointFunction::apply(segment, x, at::TensorList(parameters));
+}
+
+void checkpoint_every_segment(SegmentedModel& model, bool on) {
+  model.set_checkpointed(on ? std::vector<bool>(model.segments().size(), true)
+                            : std::vector<bool>{});
 }
 
 }  // namespace gpurun

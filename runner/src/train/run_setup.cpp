@@ -13,6 +13,7 @@
 
 #include "gpurun/errors.h"
 #include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "model/torchscript_model.h"
@@ -136,9 +137,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
   }
   plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
   plan.capacity_bytes = request.capacity_bytes;
-  session.model->set_checkpointed(
-      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
-                                    : std::vector<bool>{});
+  checkpoint_every_segment(*session.model, plan.activation_checkpointing);
   if (plan.micro_batch < 16 && has_batch_norm(*session.model))
     spdlog::warn("the model has BatchNorm and the micro-batch is {}: its statistics are computed "
                  "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
