@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -30,14 +31,14 @@ at::Tensor uint8_tensor(const std::string& bytes) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                            Collectives* comm)
     : config_(config),
-      options_(options),
+      options_(std::move(options)),
       reporter_(reporter),
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
-      store_(options.ckpt_dir, config.checkpoint.keep_last),
+      store_(options_.ckpt_dir, config.checkpoint.keep_last),
       writer_(store_, config.checkpoint.async) {}
 
 Checkpointer::~Checkpointer() = default;
