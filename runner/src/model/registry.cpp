@@ -117,7 +117,5 @@ void Registry::run_epoch_hooks(const EpochEnd& end) const {
 std::vector<std::string> Registry::model_names() const { return keys_of(models_); }
 std::vector<std::string> Registry::dataset_names() const { return keys_of(datasets_); }
 std::vector<std::string> Registry::loss_names() const { return keys_of(losses_); }
-std::vector<std::string> Registry::epoch_hook_names() const { return keys_of(epoch_hooks_); }
-std::vector<std::string> Registry::step_hook_names() const { return keys_of(step_hooks_); }
 
 }  // namespace gpurun
