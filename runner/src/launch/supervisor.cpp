@@ -44,12 +44,6 @@ std::string format_seconds(double s) {
   return s >= 10 ? fmt::format("{:.0f}", s) : fmt::format("{:.1f}", s);
 }
 
-/// "SIGKILL"; "signal 64" for a number glibc has no name for.
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);  // glibc >= 2.32, as in errors.cpp
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
 void write_all(int fd, const char* data, size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
