@@ -14,6 +14,7 @@
 #include "gpurun/errors.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
+#include "train/suspicious_settings.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "model/torchscript_model.h"
@@ -73,6 +74,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                       (card.empty() ? "no common card is large enough"
                                     : "the smallest common card that fits: " + card));
   }
+  warn_about_suspicious_settings(config, s, memory_limit);
   return s;
 }
 
