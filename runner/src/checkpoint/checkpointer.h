@@ -14,7 +14,6 @@
 #include "checkpoint/store.h"
 #include "checkpoint/async_writer.h"
 #include "gpurun/config.h"
-#include "train/trainer.h"
 
 namespace torch {
 namespace nn {
@@ -31,10 +30,17 @@ class Collectives;
 class Lease;
 class Reporter;
 
+/// What the command line says about the checkpoint directory (RunOptions' share of it).
+struct CheckpointOptions {
+  std::string ckpt_dir;  ///< the checkpoint root (--ckpt)
+  bool resume = false;   ///< --resume: continue from the newest complete checkpoint, if any
+  bool force = false;    ///< --force: take the directory's lease at once, even from a live run
+};
+
 class Checkpointer {
  public:
   /// `comm` is null for a single process.
-  Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+  Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                Collectives* comm);
   ~Checkpointer();
 
@@ -95,7 +101,7 @@ class Checkpointer {
  private:
   using Clock = std::chrono::steady_clock;
   const RunConfig& config_;
-  const RunOptions& options_;
+  const CheckpointOptions options_;
   Reporter& reporter_;
   Collectives* comm_;
   const int rank_;

@@ -39,6 +39,10 @@ class MemoryMeter {
   /// set and smaller.
   virtual int64_t capacity_bytes() const = 0;
 
+  /// The device's own memory in bytes, whatever the limit: for the CPU the physical RAM, or
+  /// this process's cgroup memory limit when smaller; for CUDA the device's total memory.
+  virtual int64_t device_bytes() const = 0;
+
   /// The device in words, e.g. "cpu" or "cuda:0 (NVIDIA H200)".
   virtual std::string device_name() const = 0;
 };
@@ -60,8 +64,9 @@ class MemoryMeter {
 /// memory is taken; everything allocated before stays valid and is freed normally.
 /// `limit_bytes` <= 0: no limit.
 ///
-/// capacity_bytes(): `limit_bytes` when > 0, else the physical RAM (sysconf), or the cgroup
-/// memory limit of this process when that is smaller.
+/// capacity_bytes(): `limit_bytes` when > 0 (even above the machine's memory), else
+/// device_bytes(): the physical RAM (sysconf), or the cgroup memory limit of this process when
+/// that is smaller.
 ///
 /// Why a wrapping allocator and not a c10::MemoryReportingInfoBase installed with
 /// c10::DebugInfoGuard (design.md, "Facts checked"): that hook is thread-local state, which
