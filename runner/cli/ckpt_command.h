@@ -1,4 +1,4 @@
-// `gpurun ckpt list|verify|inspect DIR [--json]` (design.md, "Command line").
+// `gpurun ckpt list|verify|inspect DIR [--json]` (docs/architecture.md, "Command line").
 //
 //   list     every ckpt-* folder of the checkpoint root DIR: epoch, global step, bytes, whether
 //            it is complete (manifest present, sizes match) or what is wrong, and which one

@@ -1,4 +1,4 @@
-// The command line (design.md, "Command line"), parsed with cxxopts into a Command, and the
+// The command line (docs/architecture.md, "Command line"), parsed with cxxopts into a Command, and the
 // dispatch of each subcommand to the library. runner/cli/main.cpp only wires these together.
 #pragma once
 

@@ -1,4 +1,4 @@
-// `gpurun export CKPT_DIR --to FILE` (design.md, "Command line"): the trained model of a
+// `gpurun export CKPT_DIR --to FILE` (docs/architecture.md, "Command line"): the trained model of a
 // checkpoint, in a form Python loads without gpurun.
 //
 // CKPT_DIR is a checkpoint root (meaning its newest complete checkpoint: the newest one whose

@@ -1,4 +1,4 @@
-// The checkpoint directory protocol of design.md ("Checkpoint directory"):
+// The checkpoint directory protocol of docs/architecture.md ("Checkpoint directory"):
 //
 //   DIR/LATEST                   name of the newest complete checkpoint, replaced atomically, last
 //   DIR/ckpt-e0003-s0000450/     one complete checkpoint: manifest.json + data files

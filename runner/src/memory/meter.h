@@ -1,4 +1,4 @@
-// Measuring the real peak memory of training steps (design.md, "Memory").
+// Measuring the real peak memory of training steps (docs/architecture.md, "Memory").
 //
 // A MemoryMeter reports the bytes that live on one device: the current amount, the peak since
 // the last reset_peak(), and the device's capacity. The memory planner runs a few training
@@ -69,7 +69,7 @@ class MemoryMeter {
 /// that is smaller.
 ///
 /// Why a wrapping allocator and not a c10::MemoryReportingInfoBase installed with
-/// c10::DebugInfoGuard (design.md, "Facts checked"): that hook is thread-local state, which
+/// c10::DebugInfoGuard (docs/architecture.md, "LibTorch facts the code relies on"): that hook is thread-local state, which
 /// LibTorch's OpenMP intra-op threads do not inherit, so an allocation inside a parallel_for
 /// body is not reported; and it cannot refuse an allocation. The wrapper sees every thread.
 ///

@@ -528,7 +528,7 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
   if (options.dist && options.dist->world_size > 1) {
     const DistEnv& d = *options.dist;
     const std::string run_dir = run_dir_or_default(options);
-    // Every rank keeps its own log (design.md); rank 0's also goes to stderr as usual.
+    // Every rank keeps its own log (docs/architecture.md); rank 0's also goes to stderr as usual.
     fs::make_dirs(run_dir);
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
         run_dir + "/rank-" + std::to_string(d.rank) + ".log");

@@ -1,5 +1,5 @@
 // CheckpointStore and `gpurun ckpt` on real folders in a fresh temporary directory
-// (cases.md, case 7: a damaged or half-written checkpoint never blocks a resume).
+// (docs/architecture.md, case 7: a damaged or half-written checkpoint never blocks a resume).
 #include "checkpoint/store.h"
 
 #include <signal.h>
