@@ -58,7 +58,7 @@ CheckpointSnapshot make_snapshot(int64_t epoch, int64_t step, size_t model_bytes
   return s;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointDir : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = tmp_.path();
@@ -110,7 +110,7 @@ TEST(CheckpointName, IsZeroPaddedEpochAndStep) {
   EXPECT_EQ(gpurun::checkpoint_name(0, 0), "ckpt-e0000-s0000000");
 }
 
-TEST_F(CheckpointTest, SaveThenLoadReturnsTheSameBytesAndMeta) {
+TEST_F(CheckpointDir, SaveThenLoadReturnsTheSameBytesAndMeta) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(1, 12, 1 << 20);
   const gpurun::SaveResult saved = store.save(snap);
@@ -144,7 +144,7 @@ TEST_F(CheckpointTest, SaveThenLoadReturnsTheSameBytesAndMeta) {
   EXPECT_EQ(direct.files, snap.files);
 }
 
-TEST_F(CheckpointTest, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
+TEST_F(CheckpointDir, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(2, 30);
   store.save(snap);
@@ -180,13 +180,13 @@ TEST_F(CheckpointTest, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
   EXPECT_THROW(gpurun::meta_from_manifest(json{{"epoch", 1}}), gpurun::ResumeError);
 }
 
-TEST_F(CheckpointTest, LatestNamesTheNewestSave) {
+TEST_F(CheckpointDir, LatestNamesTheNewestSave) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   EXPECT_EQ(latest(), names.back() + "\n");
 }
 
-TEST_F(CheckpointTest, RetentionKeepsExactlyTheNewestKeepLast) {
+TEST_F(CheckpointDir, RetentionKeepsExactlyTheNewestKeepLast) {
   CheckpointStore store(dir_, 2);
   for (int step = 1; step <= 4; ++step) store.save(make_snapshot(0, step));
   const gpurun::SaveResult last = store.save(make_snapshot(0, 5));
@@ -199,7 +199,7 @@ TEST_F(CheckpointTest, RetentionKeepsExactlyTheNewestKeepLast) {
   EXPECT_EQ(listed[1].global_step, 5);
 }
 
-TEST_F(CheckpointTest, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
+TEST_F(CheckpointDir, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 3);
   truncate_file(path(names[2] + "/model.pt"), 1000);
@@ -217,7 +217,7 @@ TEST_F(CheckpointTest, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
   EXPECT_EQ(store.load_latest()->info.name, names[2]);
 }
 
-TEST_F(CheckpointTest, FlippedByteIsFoundByChecksumAndFallsBack) {
+TEST_F(CheckpointDir, FlippedByteIsFoundByChecksumAndFallsBack) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   flip_byte(path(names[1] + "/optim.pt"), 500);
@@ -233,7 +233,7 @@ TEST_F(CheckpointTest, FlippedByteIsFoundByChecksumAndFallsBack) {
   EXPECT_THROW(CheckpointStore::load(path(names[1] + ".damaged")), gpurun::ResumeError);
 }
 
-TEST_F(CheckpointTest, AllDamagedThrowsResumeErrorNamingEachOne) {
+TEST_F(CheckpointDir, AllDamagedThrowsResumeErrorNamingEachOne) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   stdfs::create_directories(path(names[1] + ".damaged"));  // taken: the next is .damaged.1
@@ -253,7 +253,7 @@ TEST_F(CheckpointTest, AllDamagedThrowsResumeErrorNamingEachOne) {
   EXPECT_TRUE(stdfs::is_directory(path(names[0] + ".damaged")));
 }
 
-TEST_F(CheckpointTest, LeftoverTemporariesAreIgnoredAndCleaned) {
+TEST_F(CheckpointDir, LeftoverTemporariesAreIgnoredAndCleaned) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   stdfs::create_directories(path(".tmp-ckpt-e0000-s0000002-99999"));
@@ -268,7 +268,7 @@ TEST_F(CheckpointTest, LeftoverTemporariesAreIgnoredAndCleaned) {
   EXPECT_EQ(store.load_latest()->info.global_step, 1);
 }
 
-TEST_F(CheckpointTest, FolderWithoutManifestNeverBlocksAResume) {
+TEST_F(CheckpointDir, FolderWithoutManifestNeverBlocksAResume) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 2));
   for (const char* name : {"ckpt-e0000-s0000001", "ckpt-e0000-s0000005"}) {
@@ -290,7 +290,7 @@ TEST_F(CheckpointTest, FolderWithoutManifestNeverBlocksAResume) {
   EXPECT_FALSE(stdfs::exists(path("ckpt-e0000-s0000001")));
 }
 
-TEST_F(CheckpointTest, ResavingAnExistingCompleteCheckpointKeepsIt) {
+TEST_F(CheckpointDir, ResavingAnExistingCompleteCheckpointKeepsIt) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot first = make_snapshot(0, 4);
   store.save(first);
@@ -304,7 +304,7 @@ TEST_F(CheckpointTest, ResavingAnExistingCompleteCheckpointKeepsIt) {
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000004"}));
 }
 
-TEST_F(CheckpointTest, ResavingReplacesAFolderThatDoesNotVerify) {
+TEST_F(CheckpointDir, ResavingReplacesAFolderThatDoesNotVerify) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(0, 4);
   store.save(snap);
@@ -319,7 +319,7 @@ TEST_F(CheckpointTest, ResavingReplacesAFolderThatDoesNotVerify) {
 // Case 7: a writer killed with SIGKILL at random points over many saves. Every resume finds
 // the previous or the new complete checkpoint, never a damaged one, and the checkpoint it
 // finds never goes backwards.
-TEST_F(CheckpointTest, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint) {
+TEST_F(CheckpointDir, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint) {
   std::mt19937 rng(7);
   int64_t last_step = -1;
   for (int round = 0; round < 25; ++round) {
@@ -352,7 +352,7 @@ TEST_F(CheckpointTest, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint
   EXPECT_GT(last_step, 0) << "no save ever completed";
 }
 
-TEST_F(CheckpointTest, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
+TEST_F(CheckpointDir, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   // A real write failure: files may not grow past 64 KiB (EFBIG, as a full disk gives ENOSPC).
@@ -376,7 +376,7 @@ TEST_F(CheckpointTest, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
   EXPECT_EQ(store.load_latest()->info.global_step, 1);
 }
 
-TEST_F(CheckpointTest, SaveUnderARegularFileThrowsIoError) {
+TEST_F(CheckpointDir, SaveUnderARegularFileThrowsIoError) {
   gpurun::fs::make_dirs(root_);
   gpurun::fs::write_file(root_ + "/file", "x");
   CheckpointStore store(root_ + "/file/ckpts", 3);
@@ -388,7 +388,7 @@ TEST_F(CheckpointTest, SaveUnderARegularFileThrowsIoError) {
   }
 }
 
-TEST_F(CheckpointTest, BadFileNamesAreRefusedBeforeAnyWrite) {
+TEST_F(CheckpointDir, BadFileNamesAreRefusedBeforeAnyWrite) {
   CheckpointStore store(dir_, 3);
   CheckpointSnapshot snap = make_snapshot(0, 1);
   snap.files.emplace_back("../escape", "x");
@@ -401,7 +401,7 @@ TEST_F(CheckpointTest, BadFileNamesAreRefusedBeforeAnyWrite) {
   EXPECT_THROW(CheckpointStore(dir_, 0), std::invalid_argument);
 }
 
-TEST_F(CheckpointTest, MissingFileAndEmptyDirectory) {
+TEST_F(CheckpointDir, MissingFileAndEmptyDirectory) {
   CheckpointStore store(dir_, 3);
   EXPECT_FALSE(store.load_latest().has_value());  // DIR does not exist yet
   EXPECT_FALSE(store.has_checkpoints());
@@ -417,7 +417,7 @@ TEST_F(CheckpointTest, MissingFileAndEmptyDirectory) {
   }
 }
 
-TEST_F(CheckpointTest, NewerFormatVersionIsNotComplete) {
+TEST_F(CheckpointDir, NewerFormatVersionIsNotComplete) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   const std::string manifest = path("ckpt-e0000-s0000001/manifest.json");
@@ -429,7 +429,7 @@ TEST_F(CheckpointTest, NewerFormatVersionIsNotComplete) {
   EXPECT_NE(info.problem.find("format_version 2"), std::string::npos) << info.problem;
 }
 
-TEST_F(CheckpointTest, CkptListPrintsOneJsonObjectOrATable) {
+TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -452,7 +452,7 @@ TEST_F(CheckpointTest, CkptListPrintsOneJsonObjectOrATable) {
   EXPECT_EQ(out.find(names[0] + "  "), out.find(names[0]));
 }
 
-TEST_F(CheckpointTest, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
+TEST_F(CheckpointDir, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -478,7 +478,7 @@ TEST_F(CheckpointTest, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
   EXPECT_EQ(run("verify", false, &out, root_), 1);  // no checkpoints at all
 }
 
-TEST_F(CheckpointTest, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
+TEST_F(CheckpointDir, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -502,7 +502,7 @@ TEST_F(CheckpointTest, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
   EXPECT_NE(out.find("DAMAGED: model.pt: xxh3 mismatch"), std::string::npos) << out;
 }
 
-TEST_F(CheckpointTest, CkptErrorsMapToTheirExitCodes) {
+TEST_F(CheckpointDir, CkptErrorsMapToTheirExitCodes) {
   std::string out;
   try {
     run("list", true, &out, root_ + "/missing");
@@ -536,7 +536,7 @@ TEST(CheckpointName, ParsesWhatCheckpointNameWrites) {
   EXPECT_FALSE(gpurun::is_checkpoint_folder_name("LATEST"));
 }
 
-TEST_F(CheckpointTest, ViewListsNewestCompleteAndLatestAsTheStoreWroteThem) {
+TEST_F(CheckpointDir, ViewListsNewestCompleteAndLatestAsTheStoreWroteThem) {
   const CheckpointView missing(dir_);
   EXPECT_TRUE(missing.list(true).empty());  // DIR does not exist yet
   EXPECT_FALSE(missing.has_checkpoints());
@@ -572,7 +572,7 @@ TEST_F(CheckpointTest, ViewListsNewestCompleteAndLatestAsTheStoreWroteThem) {
   EXPECT_EQ(store.view().dir(), dir_);
 }
 
-TEST_F(CheckpointTest, ViewSkipsANewerDamagedCheckpointAndLeavesItInPlace) {
+TEST_F(CheckpointDir, ViewSkipsANewerDamagedCheckpointAndLeavesItInPlace) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 3);
   flip_byte(path(names[2] + "/model.pt"), 10);  // sizes match: only the checksum sees it
@@ -585,7 +585,7 @@ TEST_F(CheckpointTest, ViewSkipsANewerDamagedCheckpointAndLeavesItInPlace) {
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", names[0], names[1], names[2]}));
 }
 
-TEST_F(CheckpointTest, IsCheckpointFolderTellsAFolderFromARoot) {
+TEST_F(CheckpointDir, IsCheckpointFolderTellsAFolderFromARoot) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 1);
   EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0])));
@@ -600,7 +600,7 @@ TEST_F(CheckpointTest, IsCheckpointFolderTellsAFolderFromARoot) {
 
 // Issue 16, defect 4: a file that cannot be read as a file is damage like any other, for the
 // view (every checkpoint reported) and for a resume (set aside, the previous one loaded).
-TEST_F(CheckpointTest, AFileReplacedByADirectoryDamagesOnlyItsCheckpoint) {
+TEST_F(CheckpointDir, AFileReplacedByADirectoryDamagesOnlyItsCheckpoint) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 3);
   stdfs::remove(path(names[2] + "/model.pt"));
@@ -623,7 +623,7 @@ TEST_F(CheckpointTest, AFileReplacedByADirectoryDamagesOnlyItsCheckpoint) {
   EXPECT_TRUE(stdfs::is_directory(path(names[2] + ".damaged/model.pt")));
 }
 
-TEST_F(CheckpointTest, AFifoWhereAFileBelongsIsDamageAndNeverBlocks) {
+TEST_F(CheckpointDir, AFifoWhereAFileBelongsIsDamageAndNeverBlocks) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   stdfs::remove(path(names[1] + "/trainer.pt"));
@@ -634,7 +634,7 @@ TEST_F(CheckpointTest, AFifoWhereAFileBelongsIsDamageAndNeverBlocks) {
   EXPECT_EQ(store.load_latest()->info.name, names[0]);
 }
 
-TEST_F(CheckpointTest, UnreadableFileIsReportedByTheViewAndThrownForAResume) {
+TEST_F(CheckpointDir, UnreadableFileIsReportedByTheViewAndThrownForAResume) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads a file of mode 000";
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
@@ -648,7 +648,7 @@ TEST_F(CheckpointTest, UnreadableFileIsReportedByTheViewAndThrownForAResume) {
 }
 
 // Issue 16, defect 11: LATEST's bytes never reach a terminal raw.
-TEST_F(CheckpointTest, LatestIsDescribedEscapedMissingEmptyOrUnreadable) {
+TEST_F(CheckpointDir, LatestIsDescribedEscapedMissingEmptyOrUnreadable) {
   stdfs::create_directories(dir_);
   const std::string garbage("ckpt-\0\xff\n\x1b[2J", 12);
   gpurun::fs::write_file(path("LATEST"), garbage + "\n");
@@ -667,7 +667,7 @@ TEST_F(CheckpointTest, LatestIsDescribedEscapedMissingEmptyOrUnreadable) {
   EXPECT_EQ(latest.describe().rfind("LATEST cannot be read (read ", 0), 0u) << latest.describe();
 }
 
-TEST_F(CheckpointTest, AResumeCorrectsAMissingLatest) {
+TEST_F(CheckpointDir, AResumeCorrectsAMissingLatest) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   stdfs::remove(path("LATEST"));
@@ -678,7 +678,7 @@ TEST_F(CheckpointTest, AResumeCorrectsAMissingLatest) {
 // save() in its three steps: hashing refuses bad names before any write (above), writing keeps
 // an existing complete folder (above), and retention spares what is newer than the newest
 // complete checkpoint, which may be a save in progress under another name.
-TEST_F(CheckpointTest, RetentionSparesAnIncompleteFolderNewerThanTheNewestComplete) {
+TEST_F(CheckpointDir, RetentionSparesAnIncompleteFolderNewerThanTheNewestComplete) {
   CheckpointStore store(dir_, 2);
   save_steps(store, 2);
   stdfs::create_directories(path("ckpt-e0000-s0000009"));
@@ -691,7 +691,7 @@ TEST_F(CheckpointTest, RetentionSparesAnIncompleteFolderNewerThanTheNewestComple
   EXPECT_EQ(saved.bytes, 4096 + 1000 + 6);
 }
 
-TEST_F(CheckpointTest, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
+TEST_F(CheckpointDir, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   stdfs::remove(path(names[1] + "/model.pt"));
@@ -707,7 +707,7 @@ TEST_F(CheckpointTest, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
   EXPECT_EQ(json::parse(out)["global_step"], 2);
 }
 
-TEST_F(CheckpointTest, CkptListEscapesAGarbageLatest) {
+TEST_F(CheckpointDir, CkptListEscapesAGarbageLatest) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 1);
   gpurun::fs::write_file(path("LATEST"), std::string("ckpt-\0\xff\x1b[2J\n", 12));
