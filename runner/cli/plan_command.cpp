@@ -60,7 +60,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   // Two sizes without checkpointing and one with fix the lines for the card table.
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   Prober prober(*session.model, session.data, config.optim, *session.meter,
-                config.memory.probe_steps, session.device);
+                config.memory.probe_steps, session.device, session.loss);
   session.model->set_checkpointed({});
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);

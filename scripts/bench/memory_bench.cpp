@@ -25,7 +25,8 @@ void bench(const char* title, const std::vector<std::string>& sets, int64_t batc
   all.push_back("memory.probe_steps=4");
   const gpurun::RunConfig c = gpurun::parse_config("", "bench", all);
   gpurun::Session s = gpurun::open_session(c, "cpu", 0, registry);
-  gpurun::Prober prober(*s.model, s.data, c.optim, *s.meter, c.memory.probe_steps, s.device);
+  gpurun::Prober prober(*s.model, s.data, c.optim, *s.meter, c.memory.probe_steps, s.device,
+                        s.loss);
   const gpurun::Probe plain = prober.train(batch, false);
   const gpurun::Probe ckpt = prober.train(batch, true);
   const gpurun::Probe quarter = prober.train(batch / 4, false);

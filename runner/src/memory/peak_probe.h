@@ -44,9 +44,10 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
 class Prober {
  public:
   /// `meter` must have been installed before `model` was built, so that its parameters count.
-  /// `loss`: the run's training loss (train.loss).
+  /// `loss`: the run's training loss (train.loss, Session::loss), which the probed steps call
+  /// as the run does.
   Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss = cross_entropy);
+         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss);
 
   /// `steps` training steps at `micro_batch` (samples 0.. of the training split), with or
   /// without activation checkpointing. A c10::OutOfMemoryError is caught and reported as
