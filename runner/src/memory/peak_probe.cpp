@@ -10,19 +10,25 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
-#include "memory/meter.h"
+#include "checkpoint/train_state.h"
 #include "gpurun/model.h"
-#include "train/optimizer.h"
+#include "memory/meter.h"
 #include "train/micro_batch_step.h"
+#include "train/optimizer.h"
 
 namespace gpurun {
 namespace {
 
 at::Tensor first_samples(int64_t count, int64_t n) {
   return at::remainder(at::arange(count, at::kLong), n);
+}
+
+double seconds_from(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 /// Puts weights, buffers, the global RNG and the checkpointing flags back and drops the
@@ -122,6 +128,22 @@ Prober::Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConf
       device_(device),
       loss_(std::move(loss)) {}
 
+void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
+                  int64_t micro_batch) {
+  optimizer.zero_grad();
+  accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
+  if (optim_.grad_clip > 0) clip_grad_norm(model_.parameters(), optim_.grad_clip);
+  optimizer.step();
+}
+
+std::unique_ptr<torch::optim::Optimizer> Prober::after_one_step(const MemoryPlan& plan) {
+  model_.set_checkpointed(all_segments(model_, plan.activation_checkpointing));
+  model_.train();
+  auto optimizer = make_optimizer(optim_, model_.parameters());
+  step(*optimizer, first_samples(plan.micro_batch, data_.train->size()), plan.micro_batch);
+  return optimizer;
+}
+
 Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   Probe probe;
   probe.micro_batch = micro_batch;
@@ -135,14 +157,11 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   meter_.reset_peak();
   try {
     auto optimizer = make_optimizer(optim_, model_.parameters());
-    for (int64_t step = 0; step < steps_; ++step) {
+    for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      optimizer->zero_grad();
-      accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
-      optimizer->step();
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step > 0 || steps_ == 1) {
+      step(*optimizer, indices, micro_batch);
+      const double seconds = seconds_from(start);
+      if (i > 0 || steps_ == 1) {
         timed += seconds;
         ++timed_steps;
       }
@@ -163,28 +182,59 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
   Probe probe;
   probe.micro_batch = eval_batch;
   Restorer restore(model_);
-  model_.set_checkpointed(all_segments(model_, train_plan.activation_checkpointing));
-  model_.train();
   try {
-    auto optimizer = make_optimizer(optim_, model_.parameters());
-    optimizer->zero_grad();
-    accumulate_gradients(model_, *data_.train,
-                         first_samples(train_plan.micro_batch, data_.train->size()),
-                         train_plan.micro_batch, device_, 0, loss_);
-    optimizer->step();
+    auto optimizer = after_one_step(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
-    model_.eval();
-    torch::NoGradGuard no_grad;
-    Batch batch = data_.eval->get(first_samples(eval_batch, data_.eval->size()));
-    model_.forward(batch.inputs.to(device_));
-    probe.step_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    evaluate_in_batches(model_, *data_.eval, first_samples(eval_batch, data_.eval->size()),
+                        eval_batch, device_, loss_);
+    probe.step_seconds = seconds_from(start);
   } catch (const c10::OutOfMemoryError& e) {
     probe.out_of_memory = true;
   }
   probe.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  spdlog::debug("probe eval batch {}: peak {} bytes", eval_batch, probe.peak_bytes);
   return probe;
+}
+
+CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
+  CheckpointProbes probes;
+  Restorer restore(model_);
+  // The captured files are host bytes (std::string), which no meter counts, as in a save.
+  std::optional<CheckpointSnapshot> snapshot;
+  try {
+    auto optimizer = after_one_step(train_plan);
+    meter_.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    snapshot = capture_state(model_, *optimizer, CheckpointMeta{});
+    probes.capture.step_seconds = seconds_from(start);
+  } catch (const c10::OutOfMemoryError& e) {
+    probes.capture.out_of_memory = true;
+  }
+  probes.capture.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  // A resume loads into a model without gradients and an optimizer without state.
+  for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
+  if (!snapshot) {
+    probes.resume.out_of_memory = true;
+    return probes;
+  }
+  LoadedCheckpoint loaded;
+  loaded.info.path = "the memory probe's checkpoint";
+  loaded.meta = snapshot->meta;
+  loaded.files = std::move(snapshot->files);
+  try {
+    auto optimizer = make_optimizer(optim_, model_.parameters());
+    meter_.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    restore_state(loaded, model_, *optimizer);
+    probes.resume.step_seconds = seconds_from(start);
+  } catch (const c10::OutOfMemoryError& e) {
+    probes.resume.out_of_memory = true;
+  }
+  probes.resume.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  spdlog::debug("probe checkpoint capture: peak {} bytes; resume loading: peak {} bytes",
+                probes.capture.peak_bytes, probes.resume.peak_bytes);
+  return probes;
 }
 
 }  // namespace gpurun
