@@ -233,6 +233,26 @@ TEST(MemoryFit, ExampleConfigPlanPeakIsTheRunsPeak) {
   EXPECT_TRUE(contains(r.err, "evaluation")) << r.err;
 }
 
+// Issue 16 defect 8: a resume that will be refused (here a changed training key) is refused
+// before any memory probe runs, so a refusal costs no device time.
+TEST(MemoryFit, RefusedResumeProbesNothing) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(256, 32, 1));
+  const std::string ckpt = dir / "ckpt";
+  Result first = run_gpurun({config, "--ckpt", ckpt});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const size_t plan_events = events(ckpt, "plan").size();
+  // Another global batch: the saved plan cannot be reused, so planning would probe.
+  Result refused = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.batch_size=64"},
+                              {{"GPURUN_LOG_LEVEL", "debug"}});
+  EXPECT_EQ(refused.exit_code, 3) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "cannot resume")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "train.batch_size")) << refused.err;
+  for (const char* planning : {"probe micro-batch", "memory plan:", "peak memory:"})
+    EXPECT_FALSE(contains(refused.err, planning)) << planning << " in\n" << refused.err;
+  EXPECT_EQ(events(ckpt, "plan").size(), plan_events);
+}
+
 }  // namespace
 }  // namespace gpurun::test
 

@@ -123,6 +123,8 @@ class Trainer {
       model_source_ = describe_model_source(config_);
       checkpointer_.claim_directory();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
+      // Refused before any probe: planning takes device time, and a refused resume needs none.
+      if (loaded) check_resumable(*loaded);
       std::optional<MemoryPlan> saved;
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
@@ -234,7 +236,8 @@ class Trainer {
                       "directory)");
   }
 
-  /// Restores `loaded` into the model, optimizer and loop position, or starts fresh.
+  /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
+  /// loop position, or starts fresh.
   void resume_or_start(const std::optional<LoadedCheckpoint>& loaded) {
     if (!options_.resume) {
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
@@ -244,7 +247,6 @@ class Trainer {
       spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
       return;
     }
-    check_resumable(*loaded);
     const CheckpointMeta& meta = loaded->meta;
     if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
       spdlog::warn(
