@@ -199,6 +199,26 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
     EXPECT_TRUE(contains(text.out, line)) << line << " in\n" << text.out;
 }
 
+// A limit just above what every part of the run needs fits as configured: the probes' own
+// copies (of a model whose weights are a quarter of the need) take no room under the limit.
+TEST(MemoryFit, ALimitJustAboveTheMeasuredPeakFitsAsConfigured) {
+  TempDir dir;
+  const std::string config =
+      write_config(dir,
+                   "model: {name: mlp, hidden: [2048, 2048]}\n"
+                   "data: {name: idx, train_samples: 256, eval_samples: 100}\n"
+                   "optim: {name: sgd, lr: 0.01, momentum: 0.9}\n"
+                   "train: {epochs: 1, batch_size: 64, eval_batch_size: 100, threads: 1}\n");
+  const nlohmann::json free_plan = plan_json(config, {});
+  const double peak = free_plan["measured_peak_bytes"];
+  const std::string limit = std::to_string(static_cast<int64_t>(peak / 0.9 * 1.02));
+  const nlohmann::json limited = plan_json(config, {}, limit);
+  EXPECT_EQ(limited["reason"], "fits as configured") << limited.dump();
+  EXPECT_EQ(limited["measured_peaks"], free_plan["measured_peaks"]);
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", limit});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 // Issue 9: on the Fashion-MNIST example as shipped (a subset of its samples, so that it is
 // fast), the plan's measured peak is the run's: within 15% of every epoch's peak_bytes, and so
 // is each part the plan probed (evaluation at batch 500 being the largest here).

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/remainder.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
@@ -36,9 +38,12 @@ double seconds_from(std::chrono::steady_clock::time_point start) {
 class Restorer {
  public:
   explicit Restorer(SegmentedModel& model) : model_(model), flags_(model.checkpointed()) {
+    // As host bytes that no meter counts: a copy of the weights on the device, or through the
+    // counting CPU allocator, would take room under --memory-limit that the run does not use,
+    // so the probes would run out of memory where the run fits.
     for (const auto& entry : state_dict(model)) {
-      saved_.push_back(entry.second.detach().clone());
-      saved_bytes_ += static_cast<int64_t>(saved_.back().nbytes());
+      const at::Tensor host = entry.second.detach().to(at::kCPU).contiguous();
+      saved_.emplace_back(static_cast<const char*>(host.data_ptr()), host.nbytes());
     }
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -49,7 +54,10 @@ class Restorer {
     {
       torch::NoGradGuard no_grad;
       auto tensors = state_dict(model_);
-      for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(saved_[i]);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        at::Tensor& t = tensors[i].second;
+        t.copy_(at::from_blob(saved_[i].data(), t.sizes(), t.options().device(at::kCPU)));
+      }
       for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
     }
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -58,13 +66,14 @@ class Restorer {
     model_.set_checkpointed(flags_);
     model_.train();
   }
-  /// Bytes of the copies this object holds, to subtract from the meter's readings.
+  /// Bytes this object holds under the meter (the generator state), to subtract from its
+  /// readings.
   int64_t saved_bytes() const { return saved_bytes_; }
 
  private:
   SegmentedModel& model_;
   std::vector<bool> flags_;
-  std::vector<at::Tensor> saved_;
+  std::vector<std::string> saved_;  ///< each state_dict tensor's bytes, contiguous
   at::Tensor rng_;
   int64_t saved_bytes_ = 0;
 };
