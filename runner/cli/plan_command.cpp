@@ -6,6 +6,7 @@
 
 #include "gpurun/model.h"
 #include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 #include "report/reporter.h"
 #include "train/run_setup.h"
 #include "util/units.h"
@@ -79,7 +80,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   Prober prober(*session.model, session.data, config.optim, *session.meter,
                 config.memory.probe_steps, session.device, session.loss);
-  session.model->set_checkpointed({});
+  checkpoint_every_segment(*session.model, false);
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
   Line plain;
@@ -102,9 +103,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     if (!ck.out_of_memory)
       checkpointed = Line{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
   }
-  session.model->set_checkpointed(plan.activation_checkpointing
-                                      ? std::vector<bool>(session.model->segments().size(), true)
-                                      : std::vector<bool>{});
+  checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
   // Evaluation: the state between steps (the training line's fixed part) plus a share per
   // sample, through the measured evaluation of the plan's eval batch.

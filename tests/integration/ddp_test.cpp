@@ -1,6 +1,6 @@
 // DDP on CPU with Gloo, driven through the real binary: `--nproc-per-node 2` against one
 // process, two launchers as two nodes, a rank killed mid-run, resume with another world size,
-// and cases.md 13 (a checkpoint rank 0 is still writing).
+// and docs/architecture.md, case 13 (a checkpoint rank 0 is still writing).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,7 +203,7 @@ TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
   }
 }
 
-// cases.md 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
+// docs/architecture.md, case 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
 // opens the incomplete checkpoint, all ranks resume the same step, and the run ends with the
 // uninterrupted digest.
 TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
@@ -305,6 +305,10 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
   const auto signals = events(ckpt, "signal");
   ASSERT_EQ(signals.size(), 1u);
   EXPECT_EQ(inspect(ckpt)["global_step"], signals[0]["global_step"]);
+  // Issue 16 defect 6: the report names the step rank 0 saved, not an earlier heartbeat's.
+  const std::string saved = std::to_string(signals[0]["global_step"].get<int64_t>());
+  EXPECT_TRUE(contains(stopped.err, "rank 0 exited with code 75 at step " + saved + " "))
+      << stopped.err;
   for (int rank : {0, 1})
     EXPECT_TRUE(contains(slurp(ckpt + "/rank-" + std::to_string(rank) + ".log"), "stopping"))
         << "rank " << rank;

@@ -66,8 +66,10 @@ TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
 }
 
 TEST(KillResume, SigkillDuringCheckpointWriteKeepsThePreviousOne) {
-  // A wide MLP makes each checkpoint ~20 MB so that the write takes a while; the run is
-  // killed as soon as a temporary checkpoint folder appears.
+  // A wide MLP makes each checkpoint ~20 MB so that the write takes a while, and each write
+  // holds its finished temporary folder 300 ms before the rename, so that a poll on a loaded
+  // machine still sees it; the run is killed as soon as a temporary checkpoint folder appears
+  // (while its files are written, or while it waits to be renamed).
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 2));
   const std::vector<std::string> sets{"model.hidden=[2048,512]", "checkpoint.every_steps=3",
@@ -77,7 +79,7 @@ TEST(KillResume, SigkillDuringCheckpointWriteKeepsThePreviousOne) {
   const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   int killed_in_write = 0;
   for (int attempt = 0; attempt < 20; ++attempt) {
-    pid_t pid = start_gpurun(args, dir / "run");
+    pid_t pid = start_gpurun(args, dir / "run", {{"GPURUN_FAULT", "sleep300:before_rename:*"}});
     bool killed = false;
     for (int i = 0; i < 3000 && killed_in_write < 3 && !killed; ++i) {
       if (fs::exists(ckpt)) {

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -52,6 +54,17 @@ class Tmpfs {
   }
   bool ok() const { return ok_; }
   const std::string& path() const { return dir_.path(); }
+  /// Makes the mounted file system read-only under a running gpurun; false when it stays
+  /// writable. A remount is refused (EBUSY) while a file is open for writing, so it retries.
+  bool remount_read_only() {
+    for (int i = 0; i < 2000; ++i) {
+      if (mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0)
+        return true;
+      if (errno != EBUSY) return false;
+      usleep(5000);
+    }
+    return false;
+  }
 
  private:
   TempDir dir_;
@@ -143,17 +156,79 @@ TEST(Storage, FullDiskKeepsTheLastCheckpointAndStopsAfterMaxFailures) {
   EXPECT_FALSE(has_temporaries(disk.path()));
 }
 
-TEST(Storage, ReadOnlyTargetIsAClearErrorAndTrainingGoesOnUntilMaxFailures) {
-  Tmpfs disk("4m", true);
+// Issue 16: a read-only --ckpt trained to the end, saved nothing, and exited 0.
+TEST(Storage, ReadOnlyTargetIsRefusedAtStartWithExit2NamingTheCause) {
+  Tmpfs disk("1m", true);
   if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 1));
-  Result r = run_gpurun(with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
-                                  {"checkpoint.every_steps=2", "checkpoint.max_failures=2"}));
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  // As the user ran it: the run's files go to the checkpoint directory too.
+  Result r = run_gpurun({config, "--ckpt", disk.path()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
   EXPECT_TRUE(contains(r.err, disk.path())) << r.err;
-  EXPECT_GE(events(dir / "run", "step").size(), 2u) << "training went on between failed saves";
+  EXPECT_FALSE(contains(r.err, "training goes on")) << r.err;
+  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
+
+  // A directory still to be made on it, the run's files elsewhere: refused before training.
+  const std::string sub = disk.path() + "/runs/a";
+  r = run_gpurun({config, "--ckpt", sub, "--run-dir", dir / "run"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
+  EXPECT_TRUE(events(dir / "run", "step").empty()) << r.err;
+  EXPECT_TRUE(events(dir / "run", "done").empty()) << "a refused run is no run";
+  // The same without --run-dir: the run's files would go there too.
+  r = run_gpurun({config, "--ckpt", sub});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "checkpoint directory " + sub + " cannot be written")) << r.err;
+}
+
+// Issue 16: a run whose final checkpoint failed (fewer than max_failures in a row) said
+// "finished" and exited 0; the trained model was lost.
+TEST(Storage, AFinalCheckpointThatIsNotWrittenExits1SayingWhatIsLost) {
+  Tmpfs disk("6m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2400, 40, 1));  // 60 steps
+  // Each checkpoint is ~3.5 MB: the step-10 one fits, none beside it does.
+  Result r = run_gpurun(with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
+                                  {"model.hidden=[512,256]", "checkpoint.every_steps=10",
+                                   "checkpoint.keep_last=1", "checkpoint.max_failures=100"}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
+  EXPECT_TRUE(contains(r.err, "final checkpoint (global step 60) was not written")) << r.err;
+  EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
+  EXPECT_TRUE(contains(r.err, "50 optimizer steps after global step 10 are not saved")) << r.err;
+  EXPECT_TRUE(contains(r.err, disk.path() + "/ckpt-e0000-s0000010")) << r.err;
+  const auto done = events(dir / "run", "done");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]["exit_code"], 1);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir / "run/status.json"))["state"], "failed");
+  EXPECT_EQ(inspect(disk.path())["global_step"], 10);
+}
+
+// Issue 16: the lease failing to be written mid-run must not be "training goes on": without
+// a heartbeat another machine may take the directory over, so the run stops.
+TEST(Storage, StorageTurningReadOnlyMidRunExpiresTheLeaseAndStopsWithExit1) {
+  Tmpfs disk("64m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 50));  // 1000 steps
+  pid_t pid = start_gpurun(
+      with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
+                {"checkpoint.lease_timeout=2", "checkpoint.every_steps=5",
+                 "checkpoint.max_failures=1000"}),
+      dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
+  ASSERT_TRUE(wait_for_new_checkpoint(disk.path(), pid, "")) << slurp(dir / "run.err");
+  ASSERT_TRUE(disk.remount_read_only()) << std::strerror(errno);
+  Result r = wait_gpurun(pid, dir / "run");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "the lease of " + disk.path() + " expired")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Stopping without saving")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the newest complete checkpoint is " + disk.path() + "/ckpt-"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
 }
 
 TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
@@ -172,6 +247,24 @@ TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
   EXPECT_EQ(events(dir / "ckpt", "plan").size(), 3u);  // three runs of the worker
   EXPECT_EQ(events(dir / "ckpt", "resume").size(), 2u);
   EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
+}
+
+// Issue 16 defect 6: the launcher's report names the step the worker really reached, the one
+// its stop saved, not that of an earlier heartbeat (rewritten at most once a second).
+TEST(Supervisor, StoppedWorkerIsReportedAtTheStepItSaved) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 1));
+  // No step events: the stop itself must bring the heartbeat up to date.
+  Result r = run_gpurun(
+      with_sets({config, "--ckpt", dir / "ckpt", "--max-restarts", "1"}, {"log.every_steps=100"}),
+      {{"GPURUN_FAULT", "sigterm:after_step:3"}});
+  ASSERT_EQ(r.exit_code, 75) << r.err;
+  const auto signals = events(dir / "ckpt", "signal");
+  ASSERT_EQ(signals.size(), 1u);
+  EXPECT_EQ(signals[0]["global_step"], 3);
+  EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 3);
+  EXPECT_TRUE(contains(r.err, "worker exited with code 75 at step 3 (stopped by a signal)"))
+      << r.err;
 }
 
 TEST(Supervisor, ConfigErrorIsNotRetried) {
@@ -240,7 +333,7 @@ TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
   // The displaced holder notices at its next save and stops without writing (exit 2).
   Result old = wait_gpurun(holder, dir / "holder");
   EXPECT_EQ(old.exit_code, 2) << old.err;
-  EXPECT_NE(old.err.find("another run took over"), std::string::npos) << old.err;
+  EXPECT_NE(old.err.find("took it with --force"), std::string::npos) << old.err;
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 #include "checkpoint/store.h"
 #include "checkpoint/async_writer.h"
 #include "gpurun/config.h"
-#include "train/trainer.h"
 
 namespace torch {
 namespace nn {
@@ -31,22 +30,35 @@ class Collectives;
 class Lease;
 class Reporter;
 
+/// What the command line says about the checkpoint directory (RunOptions' share of it).
+struct CheckpointOptions {
+  std::string ckpt_dir;  ///< the checkpoint root (--ckpt)
+  bool resume = false;   ///< --resume: continue from the newest complete checkpoint, if any
+  bool force = false;    ///< --force: take the directory's lease at once, even from a live run
+};
+
 class Checkpointer {
  public:
   /// `comm` is null for a single process.
-  Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+  Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                Collectives* comm);
   ~Checkpointer();
 
-  /// Rank 0: holds DIR/lease.json for the whole run (a target where it cannot be written is
-  /// reported and training goes on: its saves fail the same way), cleans leftover temporaries
-  /// and refuses a directory that holds checkpoints unless resuming. Throws ConfigError
-  /// (directory held by a live run, or holding checkpoints without --resume).
+  /// Creates `dir` when missing, then creates, writes (with fsync) and removes a file in it:
+  /// the only proof that checkpoints can be written there (root ignores permission bits).
+  /// Throws ConfigError naming the cause (read-only or full file system, no permission).
+  static void check_writable(const std::string& dir);
+
+  /// Rank 0: check_writable(DIR), then holds DIR/lease.json for the whole run, cleans
+  /// leftover temporaries and refuses a directory that holds checkpoints unless resuming.
+  /// Throws ConfigError, naming the cause: DIR cannot be created or written (read-only or
+  /// full file system, no permission), the lease cannot be written (without it two machines
+  /// could write one run), DIR is held by a live run, or it holds checkpoints without --resume.
   void claim_directory();
 
   /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
   /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint
-  /// that is still being written and all resume the same step (cases.md 13). nullopt without
+  /// that is still being written and all resume the same step (docs/architecture.md, case 13). nullopt without
   /// --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
   std::optional<LoadedCheckpoint> choose();
 
@@ -61,24 +73,35 @@ class Checkpointer {
 
   /// Saves `model` and `optimizer` with `meta` (model digest, threads and CPU capability are
   /// filled in): every rank passes its RNG state to rank 0, which copies the state to host
-  /// memory and hands it to the background writer. Collective with several ranks. Throws
-  /// ConfigError when another run took over the lease (nothing is saved).
-  void save(CheckpointMeta meta, const torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+  /// memory and hands it to the background writer. Collective with several ranks. Throws as
+  /// report_finished() does when the lease was lost or expired (nothing is saved).
+  void save(CheckpointMeta meta, const torch::nn::Module& model,
+            torch::optim::Optimizer& optimizer);
 
   /// Reports the background writes that finished: a `checkpoint` event for each success; for
   /// a failure an error that keeps training going (the last complete checkpoint is untouched)
-  /// until checkpoint.max_failures saves in a row have failed, then throws Error.
+  /// until checkpoint.max_failures saves in a row have failed, then throws Error. Then, on
+  /// rank 0, checks the lease (the trainer calls this after every step, so a run stops at its
+  /// next step): throws ConfigError (exit 2) when another run took the lease, Error (exit 1)
+  /// when it expired; nothing more is saved, and the message says what happened and which
+  /// steps are not saved.
   void report_finished();
 
   /// Waits for the write in flight and reports it.
   void drain();
+
+  /// The end of a run that trained up to `global_step`: drains, then makes sure that the
+  /// state after `global_step` is in a complete checkpoint. Otherwise throws Error on every
+  /// rank (collective with several ranks), rank 0's saying why the final checkpoint was not
+  /// written, which steps are not saved and where the newest complete checkpoint is, if any.
+  void finish(int64_t global_step);
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
  private:
   using Clock = std::chrono::steady_clock;
   const RunConfig& config_;
-  const RunOptions& options_;
+  const CheckpointOptions options_;
   Reporter& reporter_;
   Collectives* comm_;
   const int rank_;
@@ -86,9 +109,16 @@ class Checkpointer {
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
   CheckpointWriter writer_;
   std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
+  // Which steps up to `reached` (unknown: nullopt) no complete checkpoint holds, and where
+  // the newest complete checkpoint is, for error messages.
+  std::string not_saved(std::optional<int64_t> reached) const;
+  void check_lease() const;
+
   int64_t failed_saves_ = 0;
   bool warned_grace_ = false;
-  int64_t last_saved_step_ = 0;  // step 0 needs no checkpoint: resuming from none is fresh
+  int64_t last_saved_step_ = 0;     // step 0 needs no checkpoint: resuming from none is fresh
+  int64_t last_complete_step_ = 0;  ///< global step of last_checkpoint_ (0: none needed yet)
+  std::string last_error_;          ///< of the last failed write
   std::string last_checkpoint_;
   Clock::time_point last_save_time_ = Clock::now();
 };

@@ -10,7 +10,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <utility>
 
@@ -18,10 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gpurun/errors.h"
-#include "util/fs.h"
 #include "util/clock.h"
+#include "util/fs.h"
 #include "util/version.h"
-
 
 namespace gpurun {
 namespace {
@@ -31,7 +32,7 @@ using Seconds = std::chrono::duration<double>;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr const char* kLeaseFile = "lease.json";
-constexpr int kLeaseFormatVersion = 1;
+constexpr int kLeaseFormatVersion = 2;     // 2 adds timeout, heartbeat_period, pid_start, took_over
 constexpr double kPollSeconds = 0.2;       // how often a waiting run re-reads lease.json
 constexpr double kProgressSeconds = 10.0;  // how often a waiting run says it still waits
 constexpr int kMaxForceAttempts = 5;       // writes --force makes against the displaced holder
@@ -68,19 +69,50 @@ std::string new_token() {
   return buf;
 }
 
+// The start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat), which
+// tells a live holder from another process that got its pid; 0 when unknown.
+int64_t process_start(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The command name (field 2) is in parentheses and may hold spaces and ')': skip past the last.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = stat.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  char* end = nullptr;
+  const long long start = std::strtoll(p, &end, 10);
+  return end != p && start > 0 ? start : 0;
+}
+
 std::string to_json(const LeaseHolder& h) {
-  const json j = {{"format_version", kLeaseFormatVersion},
-                  {"host", h.host},
-                  {"pid", h.pid},
-                  {"started", h.started},
-                  {"heartbeat", h.heartbeat},
-                  {"token", h.token},
-                  {"pid_scope", h.pid_scope},
-                  {"gpurun_version", gpurun_version()}};
+  json j = {{"format_version", kLeaseFormatVersion},
+            {"host", h.host},
+            {"pid", h.pid},
+            {"pid_start", h.pid_start},
+            {"pid_scope", h.pid_scope},
+            {"started", h.started},
+            {"heartbeat", h.heartbeat},
+            {"timeout", h.timeout},
+            {"heartbeat_period", h.heartbeat_period},
+            {"token", h.token},
+            {"gpurun_version", gpurun_version()}};
+  if (h.took_over) {
+    j["took_over"] = {{"token", h.took_over->token},
+                      {"forced", h.took_over->forced},
+                      {"reason", h.took_over->reason}};
+  }
   return j.dump(2) + "\n";
 }
 
 bool valid_pid(int64_t pid) { return pid > 0 && pid <= INT_MAX; }
+
+// The timeout by which `h` goes stale: its own, or `fallback` for a lease that records none.
+double timeout_of(const LeaseHolder& h, double fallback) {
+  return h.timeout > 0 ? h.timeout : fallback;
+}
 
 bool same_host(const LeaseHolder& h) {
   if (h.host != host_name()) return false;
@@ -88,20 +120,25 @@ bool same_host(const LeaseHolder& h) {
   return h.pid_scope.empty() || pid_scope().empty() || h.pid_scope == pid_scope();
 }
 
-bool pid_dead_here(const LeaseHolder& h) {
-  if (!same_host(h)) return false;
-  // EPERM means the process exists under another user: alive.
-  return ::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH;
+// Why a stale lease is stale, for the log and the taker's `took_over.reason`.
+std::string stale_reason(const LeaseHolder& h, double fallback_timeout, double now) {
+  if (same_host(h)) {
+    if (valid_pid(h.pid) && ::kill(static_cast<pid_t>(h.pid), 0) == 0)
+      return fmt::format("pid {} on this host is now another process", h.pid);
+    return fmt::format("its process (pid {}) is gone from this host", h.pid);
+  }
+  const double timeout = timeout_of(h, fallback_timeout);
+  const std::string whose = h.timeout > 0 ? "its lease_timeout" : "checkpoint.lease_timeout";
+  if (!(now - h.heartbeat <= timeout))
+    return fmt::format("its heartbeat is {:.1f} s old, older than {} of {:g} s", now - h.heartbeat,
+                       whose, timeout);
+  return fmt::format("its heartbeat did not change for {} ({:g} s) of waiting", whose, timeout);
 }
 
-// Why a stale lease is stale, for the log.
-std::string stale_reason(const LeaseHolder& h, double lease_timeout_seconds, double now) {
-  if (pid_dead_here(h)) return "its process is gone";
-  if (now - h.heartbeat > lease_timeout_seconds) {
-    return "its heartbeat is older than " + fmt::format("{:g}", lease_timeout_seconds) + " s";
-  }
-  return "its heartbeat did not change for " + fmt::format("{:g}", lease_timeout_seconds) +
-         " s of waiting";
+std::string ago(double age) {
+  // A negative age is another host's clock running ahead of ours.
+  return age >= 0 ? fmt::format("{:.1f} s ago", age)
+                  : fmt::format("{:.1f} s in the future (clock skew?)", -age);
 }
 
 // Identity of one heartbeat of one holder: a change means the holder is alive (or replaced).
@@ -175,21 +212,49 @@ std::optional<LeaseHolder> read_lease(const std::string& dir) {
       has("started", json::value_t::number_float) ? j["started"].get<double>() : h.heartbeat;
   h.token = j["token"].get<std::string>();
   if (has("pid_scope", json::value_t::string)) h.pid_scope = j["pid_scope"].get<std::string>();
+  // Fields of format 2; a lease of an older gpurun lacks them (then 0: unknown).
+  const auto positive = [&](const char* key) {
+    const double v = has(key, json::value_t::number_float) ? j[key].get<double>() : 0.0;
+    return std::isfinite(v) && v > 0 ? v : 0.0;
+  };
+  h.timeout = positive("timeout");
+  h.heartbeat_period = positive("heartbeat_period");
+  if (has("pid_start", json::value_t::number_integer))
+    h.pid_start = std::max<int64_t>(j["pid_start"].get<int64_t>(), 0);
+  const auto t = j.find("took_over");
+  if (t != j.end() && t->is_object() && t->contains("token") && (*t)["token"].is_string()) {
+    LeaseTakeover took;
+    took.token = (*t)["token"].get<std::string>();
+    took.forced =
+        t->contains("forced") && (*t)["forced"].is_boolean() && (*t)["forced"].get<bool>();
+    if (t->contains("reason") && (*t)["reason"].is_string())
+      took.reason = (*t)["reason"].get<std::string>();
+    h.took_over = took;
+  }
   if (h.token.empty() || !valid_pid(h.pid) || !std::isfinite(h.heartbeat)) return std::nullopt;
   return h;
 }
 
-bool lease_is_stale(const LeaseHolder& h, double lease_timeout_seconds, double now) {
-  if (!(now - h.heartbeat <= lease_timeout_seconds)) return true;  // also true for NaN
-  return valid_pid(h.pid) ? pid_dead_here(h) : same_host(h);
+bool lease_holder_alive_here(const LeaseHolder& h) {
+  if (!same_host(h) || !valid_pid(h.pid)) return false;
+  // EPERM means the process exists under another user: alive.
+  if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
+  // A pid that another process got after the holder died (the pid was reused).
+  if (h.pid_start > 0) {
+    const int64_t start = process_start(h.pid);
+    if (start > 0 && start != h.pid_start) return false;
+  }
+  return true;
+}
+
+bool lease_is_stale(const LeaseHolder& h, double fallback_timeout_seconds, double now) {
+  // Here the process itself says whether the holder lives; its heartbeat's age says nothing
+  // more (a live run may stall, and the reader's timeout is not the holder's).
+  if (same_host(h)) return !lease_holder_alive_here(h);
+  return !(now - h.heartbeat <= timeout_of(h, fallback_timeout_seconds));  // true for NaN too
 }
 
 std::string describe_lease_holder(const LeaseHolder& h, double now) {
-  const auto ago = [](double age) {
-    // A negative age is another host's clock running ahead of ours.
-    return age >= 0 ? fmt::format("{:.1f} s ago", age)
-                    : fmt::format("{:.1f} s in the future (clock skew?)", -age);
-  };
   return fmt::format("host {}, pid {}, heartbeat {}, started {}", h.host, h.pid,
                      ago(now - h.heartbeat), ago(now - h.started));
 }
@@ -206,19 +271,20 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
   LeaseHolder me;
   me.host = host_name();
   me.pid = ::getpid();
+  me.pid_start = process_start(me.pid);
   me.token = new_token();
   me.pid_scope = pid_scope();
+  me.timeout = timeout;
+  me.heartbeat_period = heartbeat_period_seconds(timeout);
 
   const auto start = SteadyClock::now();
-  // (Capped at ~30 years so that the deadline cannot overflow the clock.)
-  const auto deadline =
-      start + std::chrono::duration_cast<SteadyClock::duration>(Seconds(std::min(timeout, 1e9)));
   auto last_progress = start;
   bool warned = false;
   int force_attempts = 0;
   // The holder's last heartbeat as we saw it, and since when (our steady clock): a heartbeat
-  // that stays the same for `timeout` of our own time is stale whatever the clocks say.
-  // The first one counts from `start`, so that a silent holder is stale exactly at the deadline.
+  // of another host that stays the same for its timeout of our own time is stale whatever the
+  // clocks say. The first one counts from `start`, so that a silent holder is stale exactly
+  // at the end of the wait.
   std::optional<std::pair<std::string, double>> seen_beat;
   auto seen_since = start;
 
@@ -232,16 +298,26 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
       seen_beat = beat_of(cur);
       seen_since = steady_now;
     }
-    const bool silent = Seconds(steady_now - seen_since).count() >= timeout;
+    const bool local = cur && same_host(*cur);
+    const double their_timeout = cur ? timeout_of(*cur, timeout) : timeout;
+    const bool silent = cur && !local && Seconds(steady_now - seen_since).count() >= their_timeout;
     const bool stale = !cur || lease_is_stale(*cur, timeout, now) || silent;
+    // A local holder is judged by its process at every poll; one elsewhere only by its own
+    // timeout, so the wait lasts at least that long. (Capped at ~30 years against overflow.)
+    const double wait = std::min(local ? timeout : std::max(timeout, their_timeout), 1e9);
+    const auto deadline = start + std::chrono::duration_cast<SteadyClock::duration>(Seconds(wait));
 
     if (stale || force) {
+      me.took_over.reset();
       if (cur && stale) {
+        const std::string reason = stale_reason(*cur, timeout, now);
         spdlog::info("taking over the stale lease of {} ({}): {}", dir,
-                     describe_lease_holder(*cur, now), stale_reason(*cur, timeout, now));
+                     describe_lease_holder(*cur, now), reason);
+        me.took_over = LeaseTakeover{cur->token, false, reason};
       } else if (cur) {
         spdlog::warn("--force: taking the lease of {} from a live run ({})", dir,
                      describe_lease_holder(*cur, now));
+        me.took_over = LeaseTakeover{cur->token, true, "--force"};
       }
       // Replace only what we judged: if the lease changed since it was read (the holder
       // beat, or another run took it), judge again.
@@ -273,10 +349,9 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
     }
 
     if (!warned) {
-      spdlog::warn(
-          "{} is held by a live run ({}); waiting up to {:g} s (checkpoint.lease_timeout) for "
-          "it to stop",
-          dir, describe_lease_holder(*cur, now), timeout);
+      spdlog::warn("{} is held by a live run ({}{}); waiting up to {:g} s for it to stop", dir,
+                   describe_lease_holder(*cur, now), local ? ", its process runs on this host" : "",
+                   wait);
       warned = true;
     } else if (Seconds(steady_now - last_progress).count() >= kProgressSeconds) {
       spdlog::info("still waiting for the lease of {} ({}); {:.0f} s left", dir,
@@ -286,9 +361,10 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
     if (steady_now >= deadline) {
       throw ConfigError(fmt::format(
           "checkpoint directory {} is in use by another run ({}), still alive after waiting "
-          "{:g} s (checkpoint.lease_timeout); stop that run, use another --ckpt directory, or "
-          "pass --force to take it over",
-          dir, describe_lease_holder(*cur, now), timeout));
+          "{:g} s{}; stop that run, use another --ckpt directory, or pass --force to take it "
+          "over",
+          dir, describe_lease_holder(*cur, now), wait,
+          local ? " (its process runs on this host)" : ""));
     }
     sleep_seconds(std::min(kPollSeconds, Seconds(deadline - steady_now).count()));
   }
@@ -298,19 +374,37 @@ Lease::Lease(std::string dir, double lease_timeout_seconds, LeaseHolder me)
     : dir_(std::move(dir)),
       path_(lease_path(dir_)),
       token_(me.token),
+      timeout_(lease_timeout_seconds),
       period_(heartbeat_period_seconds(lease_timeout_seconds)),
-      me_(std::move(me)) {}
+      me_(std::move(me)),
+      last_beat_(SteadyClock::now()) {}
 
 Lease::~Lease() { release(); }
 
 bool Lease::check_owner(const std::optional<LeaseHolder>& h) const {
   if (!h || h->token == token_) return true;
-  if (!lost_.exchange(true)) {
-    spdlog::error(
-        "lost the lease of {} to another run ({}), probably started with --force; this run "
-        "must stop writing checkpoints there",
-        dir_, describe_lease_holder(*h, unix_seconds()));
+  if (lost_) return false;
+  const double now = unix_seconds();
+  std::string how;
+  if (h->took_over && h->took_over->token == token_) {
+    how = h->took_over->forced ? "took it with --force"
+                               : "took it over as stale (" + h->took_over->reason + ")";
+  } else {
+    how =
+        "replaced it without recording that it took it from this run (an older gpurun, or "
+        "lease.json was written by hand)";
   }
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    message = fmt::format(
+        "lost the lease of {}: a run on host {}, pid {} {} {}; this run's last heartbeat was "
+        "written {}",
+        dir_, h->host, h->pid, how, ago(now - h->started), ago(now - me_.heartbeat));
+    if (trouble_.empty()) trouble_ = message;
+  }
+  if (!lost_.exchange(true))
+    spdlog::error("{}; this run must stop writing checkpoints there", message);
   return false;
 }
 
@@ -319,7 +413,7 @@ void Lease::heartbeat() {
   LeaseHolder next;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (released_ || lost_) return;
+    if (released_ || lost_ || expired_) return;
     next = me_;
   }
   next.heartbeat = unix_seconds();
@@ -329,6 +423,7 @@ void Lease::heartbeat() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   me_.heartbeat = next.heartbeat;
+  last_beat_ = SteadyClock::now();
 }
 
 void Lease::heartbeat_loop() {
@@ -339,9 +434,31 @@ void Lease::heartbeat_loop() {
     try {
       heartbeat();
     } catch (const std::exception& e) {
-      // The next beat tries again; a run that cannot beat for lease_timeout may be taken
-      // over, which the next successful read notices (lost()).
-      spdlog::warn("lease heartbeat of {} failed: {}", dir_, e.what());
+      double silent = 0;
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        silent = Seconds(SteadyClock::now() - last_beat_).count();
+      }
+      // Step down before other hosts may see the lease as expired: when the next beat would
+      // come too late, this run can no longer count on holding the lease.
+      if (silent + period_ >= timeout_) {
+        const std::string message = fmt::format(
+            "the lease of {} expired: no heartbeat could be written for {:.1f} s of its {:g} s "
+            "checkpoint.lease_timeout (last error: {}), so another machine may take the "
+            "directory over",
+            dir_, silent, timeout_, e.what());
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          if (trouble_.empty()) trouble_ = message;
+        }
+        expired_ = true;
+        spdlog::error("{}; this run must stop writing checkpoints there", message);
+        return;
+      }
+      spdlog::warn(
+          "lease heartbeat of {} failed: {}; retrying in {:g} s (the run stops when no "
+          "heartbeat is written for {:g} s)",
+          dir_, e.what(), period_, timeout_);
     }
     if (lost_) return;
     lock.lock();
@@ -351,12 +468,19 @@ void Lease::heartbeat_loop() {
 bool Lease::still_ours() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (released_ || lost_) return false;
+    if (released_ || lost_ || expired_) return false;
   }
   return check_owner(read_lease(dir_));
 }
 
 bool Lease::lost() const { return lost_; }
+
+bool Lease::expired() const { return expired_; }
+
+std::string Lease::trouble() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_ || expired_ ? trouble_ : std::string();
+}
 
 LeaseHolder Lease::holder() const {
   std::lock_guard<std::mutex> lock(mu_);

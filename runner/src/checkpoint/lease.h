@@ -1,16 +1,27 @@
-// The checkpoint-directory lease of design.md ("Checkpoint directory" → Lease): DIR/lease.json
+// The checkpoint-directory lease of docs/architecture.md ("Checkpoint directory" → Lease): DIR/lease.json
 // names the one run that may write checkpoints into DIR, so that two machines or two gpurun
 // processes never interleave checkpoints of one run.
 //
-//   {"format_version": 1, "host": "gpu-7", "pid": 4242, "started": 1718000000.25,
-//    "heartbeat": 1718000060.5, "token": "9f1c...", "pid_scope": "<boot id>/pid:[4026531836]"}
+//   {"format_version": 2, "host": "gpu-7", "pid": 4242, "pid_start": 123456,
+//    "pid_scope": "<boot id>/pid:[4026531836]", "started": 1718000000.25,
+//    "heartbeat": 1718000060.5, "timeout": 60, "heartbeat_period": 10, "token": "9f1c...",
+//    "took_over": {"token": "77ab...", "forced": true, "reason": "--force"}}
 //
 // Times are unix seconds (system clock, fractional). The holder rewrites `heartbeat` every
-// heartbeat_period_seconds(lease_timeout) from a background thread. A lease is stale when its
-// heartbeat is older than lease_timeout, or when its pid is dead (kill(pid, 0) fails with
-// ESRCH) on this same host. "Same host" means the same hostname and, when the lease records
-// one, the same `pid_scope` (boot id and pid namespace), so two containers or two machines
-// that share a hostname never judge each other's pids.
+// `heartbeat_period` = heartbeat_period_seconds(timeout) from a background thread.
+//
+// Staleness is judged by the holder's own terms, never by the reader's settings:
+//   - A holder on this same host is stale exactly when its process is gone: its pid is dead,
+//     or is now another process (`pid_start`, the process's start time, differs). A live
+//     local holder is never stale, however old its heartbeat (a long stall, a stopped
+//     process): only --force displaces it.
+//   - A holder elsewhere is stale when its heartbeat is older than its own `timeout`, or when
+//     that heartbeat did not change for a whole `timeout` of the reader's waiting (whatever
+//     the two clocks say). A lease.json of an older gpurun records no `timeout`: then the
+//     reader's checkpoint.lease_timeout stands in for it.
+// "Same host" means the same hostname and, when the lease records one, the same `pid_scope`
+// (boot id and pid namespace), so two containers or two machines that share a hostname never
+// judge each other's pids.
 //
 // Every write of lease.json is atomic (a temporary file, fsync'd, renamed over it, then the
 // directory fsync'd) and conditional: just before the rename the lease is read again and the
@@ -18,13 +29,28 @@
 // token). Taking a lease over is then last-writer-wins: the taker waits kVerifyDelaySeconds,
 // re-reads, and owns the lease only when its random token is still there; a loser goes back
 // to waiting. POSIX offers nothing stronger across the hosts of a shared file system (on NFS
-// this relies on close-to-open consistency), so the heartbeat thread also checks the token
-// before every write and, when another owner's token is there (someone used --force), stops
-// writing and raises lost(); the trainer polls lost() and stops rather than interleave
-// checkpoints.
+// this relies on close-to-open consistency). A taker records in `took_over` whose token it
+// replaced, whether with --force, and why, so that the displaced run can say what happened.
+//
+// What a run does when it cannot hold the lease (a run never writes checkpoints without it,
+// since without it two machines could write one run):
+//   - At start, a lease that cannot be written (read-only or full file system, no
+//     permission) refuses the run: Checkpointer turns the IoError into a ConfigError, exit 2.
+//   - Lost: another owner's token appears in lease.json (someone used --force, or took the
+//     lease over after this run's heartbeat went silent on a shared file system). The
+//     heartbeat thread stops writing and raises lost(); the trainer stops at its next step
+//     without saving (a save now would interleave with the new owner's) and exits 2, naming
+//     the new holder, how it took the lease, and the steps that are not saved.
+//   - Expired: no heartbeat could be written for a whole lease timeout. Other hosts may now
+//     take the lease over by the rules above, so the run no longer holds it: as a leader
+//     whose lease cannot be renewed steps down, the heartbeat thread stops and raises
+//     expired(); the trainer stops at its next step without saving and exits 1 (the
+//     supervisor's restart acquires the lease again once the storage works). Until then a
+//     failed heartbeat is logged and retried every period.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -35,14 +61,25 @@
 
 namespace gpurun {
 
+/// What a holder recorded about the lease it replaced (absent for a free or unparsable one).
+struct LeaseTakeover {
+  std::string token;    ///< the displaced holder's token
+  bool forced = false;  ///< taken from a live holder with --force
+  std::string reason;   ///< why: "--force", or why the old lease was stale
+};
+
 /// The contents of a lease.json.
 struct LeaseHolder {
-  std::string host;       ///< gethostname() of the holder
-  int64_t pid = 0;        ///< the holder's process id (meaningful on `host` only)
-  double started = 0;     ///< unix seconds when the holder acquired the lease
-  double heartbeat = 0;   ///< unix seconds of the holder's last heartbeat
-  std::string token;      ///< random 128-bit hex owner token, unique per acquisition
-  std::string pid_scope;  ///< boot id + pid namespace where `pid` lives; may be empty
+  std::string host;             ///< gethostname() of the holder
+  int64_t pid = 0;              ///< the holder's process id (meaningful on `host` only)
+  double started = 0;           ///< unix seconds when the holder acquired the lease
+  double heartbeat = 0;         ///< unix seconds of the holder's last heartbeat
+  std::string token;            ///< random 128-bit hex owner token, unique per acquisition
+  std::string pid_scope;        ///< boot id + pid namespace where `pid` lives; may be empty
+  int64_t pid_start = 0;        ///< the process's start time (clock ticks since boot); 0: unknown
+  double timeout = 0;           ///< the holder's lease_timeout, seconds; 0: not recorded (old file)
+  double heartbeat_period = 0;  ///< the holder's seconds between heartbeats; 0: not recorded
+  std::optional<LeaseTakeover> took_over;  ///< set when the holder replaced another's lease
 };
 
 /// Seconds between two heartbeats for a lease that goes stale after `lease_timeout_seconds`:
@@ -50,26 +87,28 @@ struct LeaseHolder {
 double heartbeat_period_seconds(double lease_timeout_seconds);
 
 /// The lease of one checkpoint directory, held from acquire() until release() or destruction.
-/// Thread-safe: heartbeat(), still_ours(), holder(), lost() and release() may be called from
-/// any thread while the background heartbeat thread runs.
+/// Thread-safe: heartbeat(), still_ours(), holder(), lost(), expired(), trouble() and release()
+/// may be called from any thread while the background heartbeat thread runs.
 class Lease {
  public:
   /// Delay between writing our lease and re-reading it to confirm that we won a takeover race.
   static constexpr double kVerifyDelaySeconds = 0.2;
 
   /// Acquires DIR/lease.json, creating DIR when missing, and starts the heartbeat thread.
+  /// Our lease records `lease_timeout_seconds` and its heartbeat period, the terms by which
+  /// other runs judge it.
   ///
-  /// An absent, unparsable or stale lease is taken at once (the previous holder is logged).
-  /// A live one is waited for, up to `lease_timeout_seconds`: spdlog::warn names the holder
-  /// once, then progress is logged about every 10 s, and the lease is taken as soon as it is
-  /// released or goes stale. A holder whose heartbeat does not change for a whole
-  /// `lease_timeout_seconds` of our waiting counts as stale too, whatever the clocks of the
-  /// two hosts say. With `force` a live lease is taken at once (spdlog::warn names the
-  /// previous holder, whose heartbeat thread then sees lost()).
+  /// An absent, unparsable or stale lease (see the file comment) is taken at once (the
+  /// previous holder and the reason are logged). A live one is waited for: spdlog::warn
+  /// names the holder once, then progress is logged about every 10 s, and the lease is taken
+  /// as soon as it is released or goes stale. The wait lasts `lease_timeout_seconds`, or the
+  /// holder's own timeout when that is longer and the holder is on another host (so that one
+  /// wait outlives a holder that died there). With `force` a live lease is taken at once
+  /// (spdlog::warn names the previous holder, whose heartbeat thread then sees lost()).
   ///
-  /// Throws ConfigError when `lease_timeout_seconds` is not > 0, or when a live holder keeps
-  /// the lease through the whole wait (the message names its host, pid and heartbeat age);
-  /// IoError when DIR or lease.json cannot be created, read or written.
+  /// Throws ConfigError when `lease_timeout_seconds` is not a finite number > 0, or when a
+  /// live holder keeps the lease through the whole wait (the message names its host, pid and
+  /// heartbeat age); IoError when DIR or lease.json cannot be created, read or written.
   static std::unique_ptr<Lease> acquire(const std::string& dir, double lease_timeout_seconds,
                                         bool force);
 
@@ -80,20 +119,29 @@ class Lease {
   Lease& operator=(const Lease&) = delete;
 
   /// Rewrites lease.json with heartbeat = now, unless the lease was lost (another owner's
-  /// token is in lease.json; then lost() becomes true and nothing is written) or released.
-  /// Recreates lease.json when it was deleted. Throws IoError when lease.json cannot be
-  /// read or written. The heartbeat thread calls it every heartbeat_period_seconds().
+  /// token is in lease.json; then lost() becomes true and nothing is written), expired or
+  /// released. Recreates lease.json when it was deleted. Throws IoError when lease.json
+  /// cannot be read or written. The heartbeat thread calls it every heartbeat_period_seconds().
   void heartbeat();
 
   /// Re-reads lease.json: false when another owner's token is there (lost() becomes true
-  /// too), or after lost() or release(); true when our token is there, or when the file is
-  /// absent or unparsable (no one else claims DIR; the next heartbeat rewrites it).
+  /// too), or after lost(), expired() or release(); true when our token is there, or when the
+  /// file is absent or unparsable (no one else claims DIR; the next heartbeat rewrites it).
   /// Throws IoError on read errors.
   bool still_ours() const;
 
   /// True once the lease was found taken by another owner. It never becomes false again:
   /// the run must stop writing checkpoints into DIR.
   bool lost() const;
+
+  /// True once no heartbeat could be written for a whole lease timeout: other hosts may take
+  /// the lease over now, so the run must stop writing checkpoints into DIR. Never false again.
+  bool expired() const;
+
+  /// When lost() or expired(): what happened, for the run's final error ("lost the lease of
+  /// DIR: a run on host gpu-3, pid 77 took it with --force 1.2 s ago"; "the lease of DIR
+  /// expired: no heartbeat could be written for 60 s (last error: ...)"). Empty otherwise.
+  std::string trouble() const;
 
   /// Our lease as last written (heartbeat = time of the last successful heartbeat).
   LeaseHolder holder() const;
@@ -106,23 +154,28 @@ class Lease {
   void release();
 
  private:
+  using SteadyTime = std::chrono::steady_clock::time_point;
   Lease(std::string dir, double lease_timeout_seconds, LeaseHolder me);
   void heartbeat_loop();
-  // False, and lost_ raised (logged once), when `h` carries another owner's token.
+  // False, and lost_ raised (logged once, trouble_ set), when `h` carries another owner's token.
   bool check_owner(const std::optional<LeaseHolder>& h) const;
 
   const std::string dir_;
   const std::string path_;   // DIR/lease.json
   const std::string token_;  // our owner token
+  const double timeout_;     // seconds without a heartbeat after which others may take it
   const double period_;      // seconds between heartbeats
 
   std::mutex io_mu_;       // serializes heartbeat writes and release's removal (held across I/O)
-  mutable std::mutex mu_;  // guards me_, released_, stop_ (never held across I/O)
+  mutable std::mutex mu_;  // guards me_, released_, stop_, trouble_ (never held across I/O)
   std::condition_variable stop_cv_;
   LeaseHolder me_;
+  SteadyTime last_beat_;  // when lease.json last got our heartbeat (our steady clock)
   bool released_ = false;
   bool stop_ = false;
+  mutable std::string trouble_;
   mutable std::atomic<bool> lost_{false};
+  std::atomic<bool> expired_{false};
   std::once_flag join_once_;
   std::thread thread_;
 };
@@ -131,9 +184,13 @@ class Lease {
 /// `heartbeat` or `token` missing or of the wrong type). Throws IoError on other read errors.
 std::optional<LeaseHolder> read_lease(const std::string& dir);
 
-/// True when `h` is stale at `now` (unix seconds): its heartbeat is older than
-/// `lease_timeout_seconds`, or its pid is dead on this same host (see the file comment).
-bool lease_is_stale(const LeaseHolder& h, double lease_timeout_seconds, double now);
+/// True when `h` is stale at `now` (unix seconds) by the rules of the file comment: on this
+/// same host when its process is gone; elsewhere when its heartbeat is older than its own
+/// `timeout`, or than `fallback_timeout_seconds` when the lease records none.
+bool lease_is_stale(const LeaseHolder& h, double fallback_timeout_seconds, double now);
+
+/// True when `h`'s process runs on this same host (see the file comment) and is alive.
+bool lease_holder_alive_here(const LeaseHolder& h);
 
 /// "host gpu-7, pid 4242, heartbeat 3.2 s ago, started 60.0 s ago" for messages; ages at `now`.
 std::string describe_lease_holder(const LeaseHolder& h, double now);

@@ -6,18 +6,19 @@
 // stop_timeout seconds, SIGKILL; the first failure is reported as the root cause with its rank,
 // exit code or signal, the step it had reached and the last lines of its stderr.
 //
-// Contract with the child (design.md, "Worker environment" and "Exit codes"):
+// Contract with the child (docs/architecture.md, "Worker environment" and "Exit codes"):
 // - GPURUN_RESTART_COUNT=k in its environment: 0 for the first run, k for the k-th restart.
 // - Exit 0 ends supervision; exit 2 (usage/config) and 3 (cannot resume) are never retried;
 //   exit 75 (stopped by a signal) is returned as is; any other exit, a death by a signal (the
 //   OOM killer's SIGKILL included) and a hang are retried up to max_restarts times.
-// - Progress: the child touches a heartbeat file (RUN_DIR/heartbeat) at every optimizer step;
+// - Progress: the child rewrites a heartbeat file (RUN_DIR/heartbeat, "step N") as it trains,
+//   at most once a second, and once more with its final step when it stops, saves or exits;
 //   no change of its mtime or size for hang_timeout seconds counts as a hang. The time the
 //   child needs before its first step (loading data, a checkpoint) counts too.
 // - The child runs in its own process group with stdout inherited and stderr piped through the
 //   supervisor (echoed as it comes, the last lines kept for the failure report). A stop signal
-//   received by the supervisor (gpurun::stop_signal()) is forwarded to the child, whose exit
-//   code (75 when it saved) is returned without a restart.
+//   received by the supervisor (gpurun::stop_signal()) is forwarded to the child (SIGINT as
+//   SIGTERM), whose exit code (75 when it saved) is returned without a restart.
 //
 // No Torch headers here: this file is included by the command line and compiles fast.
 #pragma once
@@ -27,9 +28,9 @@
 #include <string>
 #include <vector>
 
-namespace gpurun {
+#include "launch/root_cause.h"
 
-struct WorkerExit;
+namespace gpurun {
 
 struct SupervisorOptions {
   /// The child's full argv; argv[0] is the path of the binary (execv: no PATH search). The
@@ -40,10 +41,11 @@ struct SupervisorOptions {
   /// Seconds without progress after which the child's process group is killed (SIGKILL: a hung
   /// process may not handle SIGTERM) and the run counts as failed; 0 turns the watchdog off.
   double hang_timeout = 0;
-  /// The heartbeat file the child touches at every optimizer step (RUN_DIR/heartbeat);
-  /// required when hang_timeout > 0, and also used for the backoff when set. Only a change of
-  /// its mtime or size seen during this run counts: a file left by an earlier run does not,
-  /// and a file server's clock that differs from ours does not matter (NFS).
+  /// The heartbeat file of the child (of a group's first worker: RUN_DIR/heartbeat); required
+  /// when hang_timeout > 0, also used for the backoff when set, and read for the step a lone
+  /// worker reached (a group's workers name their own). Only a change of its mtime or size
+  /// seen during this run counts: a file left by an earlier run does not, and a file server's
+  /// clock that differs from ours does not matter (NFS).
   std::string progress_file;
   /// Seconds before the first restart; doubles per failure without progress in between (a run
   /// whose heartbeat advanced resets it), capped at backoff_max.
@@ -52,8 +54,8 @@ struct SupervisorOptions {
   /// Extra environment for the child, over the supervisor's own.
   std::map<std::string, std::string> env;
   /// One worker of a group started together (a rank): extra environment over `env`, a name for
-  /// messages ("rank 1") and its heartbeat file (status.h heartbeat_path), read for the step it
-  /// reached when it fails.
+  /// messages ("rank 1") and its heartbeat file (report/reporter.h heartbeat_path), read for the
+  /// step it reached once it has exited.
   struct Worker {
     std::map<std::string, std::string> env;
     std::string name;
@@ -68,40 +70,24 @@ struct SupervisorOptions {
   std::function<void(const WorkerExit&)> on_worker_exit;
 };
 
-/// The life of one run of the child; every transition is logged.
+/// The state of the group during one run: starting, running, then how the run ended (as
+/// torchelastic's WorkerState); every transition is logged.
 enum class WorkerState { kStarting, kRunning, kSucceeded, kFailed, kStopped, kHung };
 
 /// "starting", "running", "succeeded", "failed", "stopped", "hung".
 const char* state_name(WorkerState state) noexcept;
 
-/// How one run of the child ended.
-struct WorkerExit {
-  std::string name;            ///< the Worker's name ("rank 1"); "worker" for a lone one
-  int64_t step = -1;           ///< global step from its heartbeat file; -1 when unknown
-  int exit_code = -1;          ///< the exit status; -1 when killed by a signal
-  int signal = 0;              ///< the signal that killed it, 0 when it exited
-  bool hung = false;           ///< killed by the watchdog
-  std::string last_lines;      ///< the last ~20 lines of its stderr, '\n'-separated
-  double seconds = 0;          ///< how long it ran (wall clock)
-  double stalled_seconds = 0;  ///< when hung: seconds without progress before the kill
-};
-
 /// Runs the child (or the group) until it finishes, restarting it per the rules above, and
 /// returns the exit code gpurun should exit with: 0 when every worker exited 0; the root
-/// cause's 2/3; 75 when the workers stopped for a signal; 75 when a stop signal arrives between
-/// runs; or 1 when the restarts are used up or the binary cannot be executed (an exec failure
-/// is not retried). Logs each failure with its cause and the child's last stderr lines.
-/// Throws std::invalid_argument for an empty argv, a negative max_restarts, or hang_timeout
-/// without progress_file; IoError when pipe(2) or fork(2) fails. Call it from the main thread:
-/// the child is started with PR_SET_PDEATHSIG(SIGTERM), which fires when the forking thread
-/// ends, so that a supervisor killed outright still makes its child save and exit.
+/// cause's 2 or 3; 75 when a worker exited 75 and none failed; after a stop signal, no restart:
+/// 75 when the root cause was killed by a signal, else its own exit code; 75 when a stop
+/// signal arrives before a run or during the backoff; 1 when the restarts are used up or the
+/// binary cannot be executed (an exec failure is not retried). Logs each failure with its cause,
+/// its step and the child's last stderr lines. Throws std::invalid_argument for an empty argv, a
+/// negative max_restarts or hang_timeout, hang_timeout without progress_file, or a backoff outside
+/// 0 <= backoff_initial <= backoff_max; IoError when pipe(2), fork(2) or waitpid(2) fails. Call it
+/// from the main thread: the child is started with PR_SET_PDEATHSIG(SIGTERM), which fires when the
+/// forking thread ends, so that a supervisor killed outright still makes its child save and exit.
 int supervise(const SupervisorOptions& options);
-
-/// Whether an exit is retried: killed by a signal (SIGKILL from the OOM killer included), hung,
-/// or an exit code not in {0, 2, 3, 75}.
-bool should_restart(const WorkerExit& e);
-
-/// "exited with code 1", "killed by signal 9 (SIGKILL)", "hung: no progress for 30 s".
-std::string describe(const WorkerExit& e);
 
 }  // namespace gpurun

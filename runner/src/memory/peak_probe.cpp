@@ -1,6 +1,5 @@
 #include "memory/peak_probe.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/remainder.h>
@@ -10,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -19,8 +17,10 @@
 #include "checkpoint/train_state.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -45,10 +45,7 @@ class Restorer {
       const at::Tensor host = entry.second.detach().to(at::kCPU).contiguous();
       saved_.emplace_back(static_cast<const char*>(host.data_ptr()), host.nbytes());
     }
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng_ = gen.get_state();
-    saved_bytes_ += static_cast<int64_t>(rng_.nbytes());
+    saved_bytes_ += rng_.saved_bytes();
   }
   ~Restorer() {
     {
@@ -60,9 +57,6 @@ class Restorer {
       }
       for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
     }
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng_);
     model_.set_checkpointed(flags_);
     model_.train();
   }
@@ -74,13 +68,9 @@ class Restorer {
   SegmentedModel& model_;
   std::vector<bool> flags_;
   std::vector<std::string> saved_;  ///< each state_dict tensor's bytes, contiguous
-  at::Tensor rng_;
+  RngGuard rng_{default_generator(at::kCPU)};
   int64_t saved_bytes_ = 0;
 };
-
-std::vector<bool> all_segments(const SegmentedModel& model, bool on) {
-  return on ? std::vector<bool>(model.segments().size(), true) : std::vector<bool>{};
-}
 
 }  // namespace
 
@@ -146,7 +136,7 @@ void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
 }
 
 std::unique_ptr<torch::optim::Optimizer> Prober::after_one_step(const MemoryPlan& plan) {
-  model_.set_checkpointed(all_segments(model_, plan.activation_checkpointing));
+  checkpoint_every_segment(model_, plan.activation_checkpointing);
   model_.train();
   auto optimizer = make_optimizer(optim_, model_.parameters());
   step(*optimizer, first_samples(plan.micro_batch, data_.train->size()), plan.micro_batch);
@@ -158,7 +148,7 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   probe.micro_batch = micro_batch;
   probe.checkpointing = checkpointing;
   Restorer restore(model_);
-  model_.set_checkpointed(all_segments(model_, checkpointing));
+  checkpoint_every_segment(model_, checkpointing);
   model_.train();
   const at::Tensor indices = first_samples(micro_batch, data_.train->size());
   double timed = 0;

@@ -32,7 +32,10 @@ Reporter::Reporter(std::string run_dir, bool enabled, int rank)
   status_["host"] = host_name();
 }
 
+Reporter::~Reporter() { flush_heartbeat(); }
+
 void Reporter::event(const std::string& name, nlohmann::json fields) {
+  flush_heartbeat();
   if (!enabled_) return;
   nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
   line.update(fields);
@@ -77,12 +80,22 @@ void Reporter::progress(const std::string& line, bool force) {
 }
 
 void Reporter::heartbeat(int64_t global_step) {
+  heartbeat_step_ = global_step;
   auto now = std::chrono::steady_clock::now();
   if (now - last_heartbeat_ < std::chrono::seconds(1)) return;
   last_heartbeat_ = now;
+  write_heartbeat();
+}
+
+void Reporter::flush_heartbeat() {
+  if (heartbeat_step_ >= 0 && heartbeat_step_ != written_step_) write_heartbeat();
+}
+
+void Reporter::write_heartbeat() {
+  written_step_ = heartbeat_step_;
   // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
   // read_heartbeat_step() reports as -1.
-  const std::string text = "step " + std::to_string(global_step) + "\n";
+  const std::string text = "step " + std::to_string(heartbeat_step_) + "\n";
   int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd >= 0) {
     const ssize_t ignored = ::write(fd, text.data(), text.size());

@@ -1,4 +1,4 @@
-// What a run tells the user and the tools watching it (design.md, "Run directory"):
+// What a run tells the user and the tools watching it (docs/architecture.md, "Run directory"):
 // metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
 // periodic lines when stderr is a file.
@@ -16,8 +16,14 @@ class Reporter {
   /// `run_dir` is created when missing. With `enabled` false (ranks other than 0) nothing is
   /// written but the heartbeat of `rank`. Throws IoError.
   Reporter(std::string run_dir, bool enabled, int rank = 0);
+  /// Writes the heartbeat's last step if the file does not hold it yet (flush_heartbeat).
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
 
-  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl.
+  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl. On every
+  /// rank, first brings the heartbeat up to date (flush_heartbeat): an event marks a moment
+  /// (a save, a stop, the end) whose step the launcher may report.
   void event(const std::string& name, nlohmann::json fields);
 
   /// Merges `fields` into the status and rewrites status.json when `force` or when the last
@@ -29,8 +35,12 @@ class Reporter {
   void progress(const std::string& line, bool force = false);
   /// Rewrites heartbeat_path(run_dir, rank) with "step N" (at most once a second): the
   /// launcher's hang watchdog reads its change as proof of progress, and its failure report
-  /// the step a rank had reached.
+  /// the step a rank had reached. A step not written for the throttle is written by the next
+  /// event() or by the destructor, so that a rank that saves, stops or exits leaves the step
+  /// it really reached (one killed outright: the step of at most a second before).
   void heartbeat(int64_t global_step);
+  /// Writes the last step given to heartbeat() when the file does not hold it yet.
+  void flush_heartbeat();
 
   /// Ends an in-place progress line before other output.
   void end_progress();
@@ -41,11 +51,15 @@ class Reporter {
   std::string run_dir_;
   bool enabled_;
   std::string heartbeat_path_;
+  int64_t heartbeat_step_ = -1;  ///< the last step given to heartbeat(), -1 before the first
+  int64_t written_step_ = -1;    ///< the step the heartbeat file holds, -1 when none written
   bool tty_;
   bool progress_open_ = false;
   bool metrics_failed_ = false;  ///< warned once about an unwritable metrics.jsonl
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
+
+  void write_heartbeat();
 };
 
 /// RUN_DIR/heartbeat for rank 0, RUN_DIR/heartbeat-rank-R for the others.

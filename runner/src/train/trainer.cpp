@@ -114,7 +114,8 @@ class Trainer {
         data_(session_.data),
         model_(session_.model),
         reporter_(run_dir_or_default(options), rank_ == 0, rank_),
-        checkpointer_(config, options, reporter_, comm_.get()),
+        checkpointer_(config, {options.ckpt_dir, options.resume, options.force}, reporter_,
+                      comm_.get()),
         trace_(rank_),
         peaks_(*session_.meter) {}
 
@@ -153,7 +154,7 @@ class Trainer {
                         {"restarts", options_.restart_count}},
                        true);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
-      checkpointer_.drain();
+      checkpointer_.finish(global_step_);  // throws when the final state is not saved
       if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
@@ -577,11 +578,13 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
       throw ConfigError(dir + " exists and is not a directory");
   }
+  // Before the data and the model are loaded: a run that could save nothing does not start.
+  if (!options.dist || options.dist->rank == 0) Checkpointer::check_writable(options.ckpt_dir);
   std::unique_ptr<Collectives> comm;
   if (options.dist && options.dist->world_size > 1) {
     const DistEnv& d = *options.dist;
     const std::string run_dir = run_dir_or_default(options);
-    // Every rank keeps its own log (design.md); rank 0's also goes to stderr as usual.
+    // Every rank keeps its own log (docs/architecture.md); rank 0's also goes to stderr as usual.
     fs::make_dirs(run_dir);
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
         run_dir + "/rank-" + std::to_string(d.rank) + ".log");

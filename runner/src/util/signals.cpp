@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstring>
 
 #include "gpurun/errors.h"
 
@@ -45,6 +46,11 @@ void clear_stop_signal() noexcept {
 void request_stop(int signal_number) noexcept {
   int expected = 0;
   g_signal.compare_exchange_strong(expected, signal_number);
+}
+
+std::string signal_name(int signal_number) {
+  const char* abbrev = ::sigabbrev_np(signal_number);  // glibc >= 2.32; null when it has none
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal_number);
 }
 
 }  // namespace gpurun

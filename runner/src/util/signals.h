@@ -8,6 +8,8 @@
 // run cleans).
 #pragma once
 
+#include <string>
+
 namespace gpurun {
 
 /// Installs the handlers; call first thing in main(), before anything can take time.
@@ -21,5 +23,9 @@ void clear_stop_signal() noexcept;
 
 /// Records a stop request as if `signal_number` had arrived (used by the fault hooks).
 void request_stop(int signal_number) noexcept;
+
+/// "SIGTERM" for a signal glibc has an abbreviation for (sigabbrev_np), else "signal 35"
+/// (real-time signals, 0, numbers out of range).
+std::string signal_name(int signal_number);
 
 }  // namespace gpurun

@@ -9,15 +9,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include "common/temp_dir.h"
 #include "util/clock.h"
-#include <nlohmann/json.hpp>
 
 #include "gpurun/errors.h"
 #include "util/fs.h"
@@ -30,8 +33,6 @@ using gpurun::Lease;
 using gpurun::LeaseHolder;
 using Seconds = std::chrono::duration<double>;
 
-
-
 void sleep_seconds(double s) { std::this_thread::sleep_for(Seconds(s)); }
 
 // Seconds that `f` takes.
@@ -40,6 +41,19 @@ double time_of(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return Seconds(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A lease as format 1 wrote it: host, pid, times, token and pid scope only.
+LeaseHolder holder_of(const std::string& host, int64_t pid, double started, double heartbeat,
+                      const std::string& token, const std::string& pid_scope) {
+  LeaseHolder h;
+  h.host = host;
+  h.pid = pid;
+  h.started = started;
+  h.heartbeat = heartbeat;
+  h.token = token;
+  h.pid_scope = pid_scope;
+  return h;
 }
 
 void write_lease(const std::string& dir, const LeaseHolder& h) {
@@ -138,7 +152,7 @@ class Holder {
   bool reaped_ = false;
 };
 
-class LeaseTest : public ::testing::Test {
+class LeaseDir : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = tmp_.path();
@@ -152,16 +166,34 @@ class LeaseTest : public ::testing::Test {
   std::string dir_;
 };
 
-TEST(LeaseStale, FollowsTheHeartbeatAndThePidOnThisHost) {
-  const double now = gpurun::unix_seconds();
-  LeaseHolder h{gpurun::host_name(), ::getpid(), now - 5, now - 1, "t", ""};
-  EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));  // live pid here, fresh heartbeat
-  EXPECT_TRUE(gpurun::lease_is_stale(h, 0.5, now));  // heartbeat older than the timeout
-  h.heartbeat = now + 1000;                          // a clock ahead of ours: not by age
-  EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));
+// The start time /proc/self/stat gives this process (field 22), as a lease records it.
+int64_t own_start_ticks() {
+  std::ifstream in("/proc/self/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;
+  return std::stoll(field);
+}
 
-  h.heartbeat = now;
-  h.pid = dead_pid();
+TEST(LeaseStale, OnThisHostOnlyTheProcessDecidesNotTheHeartbeat) {
+  const double now = gpurun::unix_seconds();
+  LeaseHolder h = holder_of(gpurun::host_name(), ::getpid(), now - 5, now - 1, "t", "");
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));  // live pid here, fresh heartbeat
+  // A live holder here is never stale, whatever the reader's timeout or the heartbeat's age
+  // (the issue: a run with lease_timeout=8 took over a live one that beat every 10 s).
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 0.5, now));
+  h.heartbeat = now - 1000;
+  h.timeout = 60;
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 8, now));
+  EXPECT_TRUE(gpurun::lease_holder_alive_here(h));
+  h.pid_start = own_start_ticks();  // the very process: still alive
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 8, now));
+  h.pid_start += 12345;  // our pid, but the holder was a process that started earlier: reused
+  EXPECT_TRUE(gpurun::lease_is_stale(h, 8, now));
+  EXPECT_FALSE(gpurun::lease_holder_alive_here(h));
+
+  h = holder_of(gpurun::host_name(), dead_pid(), now, now, "t", "");
   EXPECT_TRUE(gpurun::lease_is_stale(h, 60, now));  // dead on this host
   h.host = "some-other-host.invalid";
   EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));  // another host's pid says nothing here
@@ -170,7 +202,20 @@ TEST(LeaseStale, FollowsTheHeartbeatAndThePidOnThisHost) {
   EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));
 }
 
-TEST_F(LeaseTest, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
+TEST(LeaseStale, ElsewhereTheHoldersOwnTimeoutDecidesAndOldLeasesFallBackToOurs) {
+  const double now = gpurun::unix_seconds();
+  LeaseHolder h = holder_of("some-other-host.invalid", 4242, now - 100, now - 30, "t", "");
+  h.timeout = 60;  // beats every 10 s: 30 s of silence is within its terms
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 8, now));
+  EXPECT_TRUE(gpurun::lease_is_stale(h, 600, now + 31));  // older than its own 60 s
+  h.timeout = 0;  // a lease.json of an older gpurun: the reader's timeout stands in
+  EXPECT_TRUE(gpurun::lease_is_stale(h, 8, now));
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));
+  h.heartbeat = now + 1000;  // a clock ahead of ours: not stale by age
+  EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));
+}
+
+TEST_F(LeaseDir, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
   EXPECT_FALSE(gpurun::read_lease(dir_).has_value());
   gpurun::fs::write_file(lease_file(), "{not json");
   EXPECT_FALSE(gpurun::read_lease(dir_).has_value());
@@ -185,9 +230,83 @@ TEST_F(LeaseTest, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
   EXPECT_DOUBLE_EQ(h->heartbeat, 1.5);
   EXPECT_DOUBLE_EQ(h->started, 1.5);
   EXPECT_EQ(h->token, "ab");
+  // Without the fields of format 2, the holder's terms are unknown (0): readers use theirs.
+  EXPECT_EQ(h->timeout, 0);
+  EXPECT_EQ(h->heartbeat_period, 0);
+  EXPECT_EQ(h->pid_start, 0);
+  EXPECT_FALSE(h->took_over.has_value());
 }
 
-TEST_F(LeaseTest, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
+TEST_F(LeaseDir, OurLeaseRecordsItsTermsTheProcessStartAndWhomItTookOverFrom) {
+  const double now = gpurun::unix_seconds();
+  write_lease(dir_, holder_of("some-other-host.invalid", 4242, now - 2000, now - 1000, "old", ""));
+  auto lease = Lease::acquire(dir_, 7, false);
+  const auto h = gpurun::read_lease(dir_);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_DOUBLE_EQ(h->timeout, 7);
+  EXPECT_DOUBLE_EQ(h->heartbeat_period, 1.75);
+  EXPECT_EQ(h->pid_start, own_start_ticks());
+  ASSERT_TRUE(h->took_over.has_value());
+  EXPECT_EQ(h->took_over->token, "old");
+  EXPECT_FALSE(h->took_over->forced);
+  EXPECT_NE(h->took_over->reason.find("heartbeat"), std::string::npos) << h->took_over->reason;
+  const auto text = gpurun::fs::read_file(lease_file());
+  EXPECT_EQ(nlohmann::json::parse(text)["format_version"], 2) << text;
+}
+
+TEST_F(LeaseDir, ALiveHolderOnThisHostIsNotTakenOverByAShorterTimeout) {
+  // The holder's terms: 60 s, so it beats every 10 s; we wait with 0.6 s. By our timeout its
+  // heartbeat is stale after 0.6 s, but its process is alive here: only --force displaces it.
+  Holder other(dir_, 60, 30);
+  ASSERT_EQ(other.next(10), 'A');
+  const std::string their_token = gpurun::read_lease(dir_)->token;
+  sleep_seconds(0.3);
+  std::string message;
+  const double waited = time_of([&] {
+    try {
+      Lease::acquire(dir_, 0.6, false);
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("pid " + std::to_string(other.pid())), std::string::npos) << message;
+  EXPECT_GE(waited, 0.55);
+  EXPECT_EQ(gpurun::read_lease(dir_)->token, their_token);
+  EXPECT_EQ(other.next(0.5), '\0') << "the holder must not lose its lease";
+}
+
+TEST_F(LeaseDir, TheDisplacedHolderIsToldWhoTookTheLeaseAndThatItWasForced) {
+  auto first = Lease::acquire(dir_, 0.4, false);  // beats every 0.1 s
+  auto second = Lease::acquire(dir_, 0.4, true);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!first->lost() && std::chrono::steady_clock::now() - t0 < Seconds(2)) sleep_seconds(0.01);
+  ASSERT_TRUE(first->lost());
+  const std::string why = first->trouble();
+  EXPECT_NE(why.find("took it with --force"), std::string::npos) << why;
+  EXPECT_NE(why.find("host " + gpurun::host_name()), std::string::npos) << why;
+  EXPECT_NE(why.find("pid " + std::to_string(::getpid())), std::string::npos) << why;
+  EXPECT_EQ(why.find("probably"), std::string::npos) << why;
+  EXPECT_TRUE(second->still_ours());
+  EXPECT_TRUE(second->trouble().empty());
+}
+
+TEST_F(LeaseDir, AHeartbeatThatCannotBeWrittenExpiresTheLeaseBeforeOthersMayTakeIt) {
+  auto lease = Lease::acquire(dir_, 0.8, false);  // beats every 0.2 s
+  // The directory goes away under the run and a file takes its place: every write fails.
+  stdfs::rename(dir_, dir_ + ".moved");
+  gpurun::fs::write_file(dir_, "not a directory");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!lease->expired() && std::chrono::steady_clock::now() - t0 < Seconds(30))
+    sleep_seconds(0.01);
+  ASSERT_TRUE(lease->expired());
+  EXPECT_FALSE(lease->lost());
+  EXPECT_FALSE(lease->still_ours());
+  const std::string why = lease->trouble();
+  EXPECT_NE(why.find("expired"), std::string::npos) << why;
+  EXPECT_NE(why.find("Not a directory"), std::string::npos) << why;
+}
+
+TEST_F(LeaseDir, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
   const std::string dir = root_ + "/new/ckpt";
   const double before = gpurun::unix_seconds();
   auto lease = Lease::acquire(dir, 60, false);
@@ -213,12 +332,12 @@ TEST_F(LeaseTest, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
   EXPECT_FALSE(stdfs::exists(dir + "/lease.json"));
 }
 
-TEST_F(LeaseTest, RejectsANonPositiveTimeout) {
+TEST_F(LeaseDir, RejectsANonPositiveTimeout) {
   EXPECT_THROW(Lease::acquire(dir_, 0, false), ConfigError);
   EXPECT_THROW(Lease::acquire(dir_, -1, false), ConfigError);
 }
 
-TEST_F(LeaseTest, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
+TEST_F(LeaseDir, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
   Holder other(dir_, 1.5, 30);
   ASSERT_EQ(other.next(10), 'A');
   const std::string their_token = gpurun::read_lease(dir_)->token;
@@ -238,18 +357,20 @@ TEST_F(LeaseTest, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
   EXPECT_EQ(gpurun::read_lease(dir_)->token, their_token);  // left alone
 }
 
-TEST_F(LeaseTest, AStaleHeartbeatFromAnotherHostIsTakenAtOnce) {
+TEST_F(LeaseDir, AStaleHeartbeatFromAnotherHostIsTakenAtOnce) {
   const double now = gpurun::unix_seconds();
   // A live pid, but on another host and silent for 1000 s.
-  write_lease(dir_, {"some-other-host.invalid", ::getpid(), now - 2000, now - 1000, "old", ""});
+  write_lease(dir_,
+              holder_of("some-other-host.invalid", ::getpid(), now - 2000, now - 1000, "old", ""));
   std::unique_ptr<Lease> lease;
   EXPECT_LT(time_of([&] { lease = Lease::acquire(dir_, 60, false); }), 1.0);
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
   EXPECT_EQ(gpurun::read_lease(dir_)->pid, ::getpid());
 }
 
-TEST_F(LeaseTest, ADeadPidOnThisHostIsTakenAtOnce) {
-  write_lease(dir_, {gpurun::host_name(), dead_pid(), gpurun::unix_seconds(), gpurun::unix_seconds(), "dead", ""});
+TEST_F(LeaseDir, ADeadPidOnThisHostIsTakenAtOnce) {
+  write_lease(dir_, holder_of(gpurun::host_name(), dead_pid(), gpurun::unix_seconds(),
+                              gpurun::unix_seconds(), "dead", ""));
   std::unique_ptr<Lease> lease;
   EXPECT_LT(time_of([&] { lease = Lease::acquire(dir_, 60, false); }), 1.0);
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
@@ -257,23 +378,24 @@ TEST_F(LeaseTest, ADeadPidOnThisHostIsTakenAtOnce) {
   // The same with the pid scope our own leases record.
   const std::string scope = lease->holder().pid_scope;
   lease.reset();
-  write_lease(dir_, {gpurun::host_name(), dead_pid(), gpurun::unix_seconds(), gpurun::unix_seconds(), "dead2", scope});
+  write_lease(dir_, holder_of(gpurun::host_name(), dead_pid(), gpurun::unix_seconds(),
+                              gpurun::unix_seconds(), "dead2", scope));
   EXPECT_LT(time_of([&] { lease = Lease::acquire(dir_, 60, false); }), 1.0);
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, AnUnparsableLeaseIsTakenAtOnce) {
+TEST_F(LeaseDir, AnUnparsableLeaseIsTakenAtOnce) {
   gpurun::fs::write_file(lease_file(), "garbage");
   std::unique_ptr<Lease> lease;
   EXPECT_LT(time_of([&] { lease = Lease::acquire(dir_, 60, false); }), 1.0);
   EXPECT_TRUE(lease->still_ours());
 }
 
-TEST_F(LeaseTest, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks) {
+TEST_F(LeaseDir, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks) {
   // Another host whose clock runs 1000 s ahead and which died: by age the lease looks fresh
   // for 1000 s, but it did not beat once during our whole wait.
   const double now = gpurun::unix_seconds();
-  write_lease(dir_, {"some-other-host.invalid", 1, now + 1000, now + 1000, "skewed", ""});
+  write_lease(dir_, holder_of("some-other-host.invalid", 1, now + 1000, now + 1000, "skewed", ""));
   std::unique_ptr<Lease> lease;
   const double waited = time_of([&] { lease = Lease::acquire(dir_, 0.5, false); });
   EXPECT_GE(waited, 0.45);
@@ -281,7 +403,7 @@ TEST_F(LeaseTest, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
+TEST_F(LeaseDir, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
   Holder other(dir_, 0.4, 30);  // beats every 0.1 s
   ASSERT_EQ(other.next(10), 'A');
   std::unique_ptr<Lease> lease;
@@ -297,7 +419,7 @@ TEST_F(LeaseTest, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved) {
+TEST_F(LeaseDir, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved) {
   auto lease = Lease::acquire(dir_, 0.4, false);  // beats every 0.1 s
   EXPECT_DOUBLE_EQ(gpurun::heartbeat_period_seconds(0.4), 0.1);
   EXPECT_DOUBLE_EQ(gpurun::heartbeat_period_seconds(60), 10);
@@ -328,7 +450,7 @@ TEST_F(LeaseTest, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved)
   EXPECT_EQ(gpurun::read_lease(dir_)->token, "theirs");
 }
 
-TEST_F(LeaseTest, AHolderThatReleasesDuringTheWaitHandsItOver) {
+TEST_F(LeaseDir, AHolderThatReleasesDuringTheWaitHandsItOver) {
   Holder other(dir_, 5, 0.7);
   ASSERT_EQ(other.next(10), 'A');
   std::unique_ptr<Lease> lease;
@@ -340,7 +462,7 @@ TEST_F(LeaseTest, AHolderThatReleasesDuringTheWaitHandsItOver) {
   EXPECT_TRUE(lease->still_ours());  // the old holder's release did not remove ours
 }
 
-TEST_F(LeaseTest, OfRunsStartingTogetherExactlyOneWins) {
+TEST_F(LeaseDir, OfRunsStartingTogetherExactlyOneWins) {
   int start[2];
   ASSERT_EQ(::pipe(start), 0);
   std::vector<std::unique_ptr<Holder>> runs;

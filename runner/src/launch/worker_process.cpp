@@ -1,0 +1,165 @@
+#include "launch/worker_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <utility>
+
+#include "distributed/worker_env.h"
+#include "gpurun/errors.h"
+
+namespace gpurun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr size_t kKeptLines = 20;
+constexpr size_t kMaxLineChars = 1000;
+constexpr auto kDrainLimit = std::chrono::seconds(1);
+
+void write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // our stderr is gone; keep reading so the child never blocks
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+StderrTap::StderrTap(int fd, bool echo) : fd_(fd), echo_(echo), thread_([this] { read_loop(); }) {}
+
+StderrTap::~StderrTap() { finish(); }
+
+std::string StderrTap::finish() {
+  child_gone_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!partial_.empty()) push_line();
+  std::string out;
+  for (const std::string& line : lines_) out += (out.empty() ? "" : "\n") + line;
+  return out;
+}
+
+void StderrTap::read_loop() {
+  char buf[4096];
+  bool draining = false;
+  Clock::time_point drain_end{};
+  while (true) {
+    if (!draining && child_gone_) {
+      draining = true;
+      drain_end = Clock::now() + kDrainLimit;
+    }
+    if (draining && Clock::now() >= drain_end) return;
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(kPollInterval.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || (ready == 0 && draining)) return;
+    if (ready == 0) continue;
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // EOF: every writer is gone
+    if (echo_) write_all(STDERR_FILENO, buf, static_cast<size_t>(n));
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] == '\n' || buf[i] == '\r') {
+        if (!partial_.empty()) push_line();
+      } else if (partial_.size() < kMaxLineChars) {
+        partial_ += buf[i];
+      }
+    }
+  }
+}
+
+void StderrTap::push_line() {
+  lines_.push_back(std::move(partial_));
+  partial_.clear();
+  if (lines_.size() > kKeptLines) lines_.pop_front();
+}
+
+HeartbeatKey heartbeat_key(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {false, 0, 0, 0};
+  return {true, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_size};
+}
+
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& extra,
+                                           const std::map<std::string, std::string>& worker,
+                                           int restart) {
+  Environment env = current_environment();
+  for (const auto& [key, value] : extra) env[key] = value;
+  for (const auto& [key, value] : worker) env[key] = value;
+  env["GPURUN_RESTART_COUNT"] = std::to_string(restart);
+  std::vector<std::string> out;
+  for (const auto& [key, value] : env) out.push_back(key + "=" + value);
+  return out;
+}
+
+Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
+  // Everything the child needs is allocated before fork: after it, only async-signal-safe calls.
+  std::vector<char*> c_argv = c_strings(argv), c_env = c_strings(env);
+  int err_pipe[2], status_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw IoError("pipe", argv[0], errno);
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    throw IoError("pipe", argv[0], err);
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the child only through our forwarding
+#ifdef __linux__
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a supervisor killed outright: save and exit
+    if (::getppid() != parent) ::_exit(kExitSignal);
+#else
+    (void)parent;
+#endif
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::execve(c_argv[0], c_argv.data(), c_env.data());
+    const int err = errno;
+    const ssize_t ignored = ::write(status_pipe[1], &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(err_pipe[1]);
+  ::close(status_pipe[1]);
+  if (pid < 0) {
+    ::close(err_pipe[0]);
+    ::close(status_pipe[0]);
+    throw IoError("fork", argv[0], fork_errno);
+  }
+  ::setpgid(pid, pid);  // here too, so the group exists before we could signal it
+  Child child{pid, err_pipe[0], 0};
+  int err = 0;
+  ssize_t n;
+  do n = ::read(status_pipe[0], &err, sizeof err);
+  while (n < 0 && errno == EINTR);
+  ::close(status_pipe[0]);
+  if (n == static_cast<ssize_t>(sizeof err)) child.exec_errno = err;
+  return child;
+}
+
+}  // namespace gpurun
