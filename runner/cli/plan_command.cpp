@@ -1,13 +1,14 @@
 #include "cli/plan_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ostream>
 
-#include "memory/meter.h"
 #include "gpurun/model.h"
+#include "memory/meter.h"
 #include "model/activation_checkpointing.h"
-#include "train/run_setup.h"
 #include "report/reporter.h"
+#include "train/run_setup.h"
 #include "util/units.h"
 
 namespace gpurun {
@@ -20,33 +21,50 @@ struct Line {
 };
 
 /// What a card of `bytes` allows, predicted from the lines: as configured, with accumulation,
-/// with activation checkpointing, or not at all.
+/// with activation checkpointing, or not at all. Checkpoint capture and resume loading
+/// (`state_bytes`, their larger) must fit as measured; evaluation is predicted by `eval` and
+/// its batch halved as the planner does.
 nlohmann::json card_verdict(const std::string& name, int64_t bytes, const RunConfig& c,
-                            int64_t micro, const Line& plain, const Line* checkpointed) {
+                            int64_t micro, const Line& plain, const Line* checkpointed,
+                            int64_t state_bytes, const Line& eval, int64_t eval_batch) {
   const double usable = static_cast<double>(bytes) * (1.0 - c.memory.headroom);
-  nlohmann::json j = {{"card", name}, {"capacity_bytes", bytes},
-                      {"predicted_peak_bytes", static_cast<int64_t>(plain.at(micro))}};
-  if (plain.at(micro) <= usable) {
-    j["fits"] = "as configured";
+  nlohmann::json j = {{"card", name}, {"capacity_bytes", bytes}};
+  if (static_cast<double>(state_bytes) > usable) {
+    j["fits"] = "does not fit: checkpoint capture or resume loading needs " +
+                format_bytes(state_bytes) + ", which no micro-batch changes";
+    j["predicted_peak_bytes"] = state_bytes;
     return j;
   }
+  int64_t b = eval_batch;
+  while (b > 1 && eval.at(b) > usable) b = std::max<int64_t>(1, b / 2);
+  if (eval.at(b) > usable) {
+    j["fits"] = "does not fit: evaluation needs " + format_bytes(static_cast<int64_t>(eval.at(b))) +
+                " at eval batch 1";
+    j["predicted_peak_bytes"] = static_cast<int64_t>(eval.at(b));
+    return j;
+  }
+  const std::string eval_note = b == eval_batch ? "" : "; eval batch " + std::to_string(b);
+  const double others = std::max(static_cast<double>(state_bytes), eval.at(b));
+  auto verdict = [&](const std::string& fits, double train_peak) {
+    j["fits"] = fits + eval_note;
+    j["predicted_peak_bytes"] = static_cast<int64_t>(std::max(train_peak, others));
+    return j;
+  };
+  if (plain.at(micro) <= usable) return verdict("as configured", plain.at(micro));
   const int64_t per_rank = c.train.batch_size;
   for (int64_t d : divisors_descending(per_rank)) {
     if (d >= micro) continue;
-    if (plain.at(d) <= usable) {
-      j["fits"] = "gradient accumulation: micro-batch " + std::to_string(d) + " x " +
-                  std::to_string(per_rank / d);
-      j["predicted_peak_bytes"] = static_cast<int64_t>(plain.at(d));
-      return j;
-    }
-    if (checkpointed && checkpointed->at(d) <= usable) {
-      j["fits"] = "activation checkpointing + accumulation: micro-batch " + std::to_string(d) +
-                  " x " + std::to_string(per_rank / d);
-      j["predicted_peak_bytes"] = static_cast<int64_t>(checkpointed->at(d));
-      return j;
-    }
+    if (plain.at(d) <= usable)
+      return verdict("gradient accumulation: micro-batch " + std::to_string(d) + " x " +
+                         std::to_string(per_rank / d),
+                     plain.at(d));
+    if (checkpointed && checkpointed->at(d) <= usable)
+      return verdict("activation checkpointing + accumulation: micro-batch " + std::to_string(d) +
+                         " x " + std::to_string(per_rank / d),
+                     checkpointed->at(d));
   }
   j["fits"] = "does not fit";
+  j["predicted_peak_bytes"] = static_cast<int64_t>(plain.at(micro));
   return j;
 }
 
@@ -61,7 +79,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   // Two sizes without checkpointing and one with fix the lines for the card table.
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   Prober prober(*session.model, session.data, config.optim, *session.meter,
-                config.memory.probe_steps, session.device);
+                config.memory.probe_steps, session.device, session.loss);
   checkpoint_every_segment(*session.model, false);
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
@@ -87,6 +105,13 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   }
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
+  // Evaluation: the state between steps (the training line's fixed part) plus a share per
+  // sample, through the measured evaluation of the plan's eval batch.
+  const MeasuredPeaks& m = plan.measured;
+  const Line eval{plain.fixed, std::max(0.0, (static_cast<double>(m.evaluation) - plain.fixed) /
+                                                 static_cast<double>(plan.eval_batch))};
+  const int64_t state_bytes = std::max(m.checkpoint_capture, m.resume_loading);
+
   const int64_t n = session.data.train->size();
   const int64_t steps = (n + plan.global_batch - 1) / plan.global_batch * config.train.epochs;
   const double eta = static_cast<double>(steps) * plan.accumulation_steps * plan.step_seconds;
@@ -97,8 +122,9 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   result["total_steps"] = steps;
   result["cards"] = nlohmann::json::array();
   for (const auto& [name, bytes] : common_cards())
-    result["cards"].push_back(
-        card_verdict(name, bytes, config, micro, plain, checkpointed ? &*checkpointed : nullptr));
+    result["cards"].push_back(card_verdict(name, bytes, config, micro, plain,
+                                           checkpointed ? &*checkpointed : nullptr, state_bytes,
+                                           eval, plan.eval_batch));
   if (json) {
     out << result.dump() << "\n";
     return 0;
@@ -112,16 +138,24 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
       << plan.accumulation_steps << " = global batch " << plan.global_batch
       << (plan.activation_checkpointing ? ", activation checkpointing" : "") << "; eval batch "
       << plan.eval_batch << " (" << plan.reason << ")\n";
-  std::snprintf(line, sizeof line, "peak memory     measured %s, estimated %s (%+.0f%%)\n",
-                format_bytes(plan.measured_peak_bytes).c_str(),
-                format_bytes(estimate.total()).c_str(),
-                pct(estimate.total(), plan.measured_peak_bytes));
+  out << "peak memory     measured " << format_bytes(plan.measured_peak_bytes)
+      << ", the largest of:\n";
+  std::snprintf(line, sizeof line, "  training      %s (estimated %s, %+.0f%%)\n",
+                format_bytes(m.training).c_str(), format_bytes(estimate.total()).c_str(),
+                pct(estimate.total(), m.training));
   out << line;
+  out << "  evaluation    " << format_bytes(m.evaluation) << " (eval batch " << plan.eval_batch
+      << ")\n";
+  out << "  ckpt capture  " << format_bytes(m.checkpoint_capture)
+      << " (weights, gradients, optimizer state and the copy a checkpoint takes)\n";
+  out << "  resume load   " << format_bytes(m.resume_loading)
+      << " (weights and optimizer state with a checkpoint's tensors being loaded)\n";
   out << "  estimate      parameters+buffers " << format_bytes(estimate.parameters)
       << ", gradients " << format_bytes(estimate.gradients) << ", optimizer state "
       << format_bytes(estimate.optimizer_state) << ", activations "
       << format_bytes(estimate.activations) << "\n";
-  std::snprintf(line, sizeof line, "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
+  std::snprintf(line, sizeof line,
+                "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
                 plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
   out << line << "\ncommon cards (predicted):\n";
   for (const auto& card : result["cards"]) {

@@ -1,5 +1,6 @@
 // Fitting the run to the device (issue 3) with the real binary: --memory-limit on CPU is
 // enforced by the counting allocator, so these runs really allocate under the limit.
+#include <algorithm>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -38,15 +39,17 @@ TEST(MemoryFit, RunUnderALimitBelowTheConfiguredPeakFitsAndLearnsTheSame) {
   TempDir dir;
   const std::string config = write_config(dir, kCnn);
   const nlohmann::json unlimited = plan_json(config, {});
-  const int64_t peak = unlimited["measured_peak_bytes"];
+  // Below the training steps' peak, so that the plan must change how it trains (evaluation,
+  // the largest part here, shrinks its batch on its own).
+  const int64_t peak = unlimited["measured_peaks"]["training"];
   ASSERT_GT(peak, 0);
   EXPECT_EQ(unlimited["accumulation_steps"], 1);
   const int64_t limit = peak * 6 / 10;
 
   Result free_run = run_gpurun({config, "--ckpt", dir / "free"});
   ASSERT_EQ(free_run.exit_code, 0) << free_run.err;
-  Result limited = run_gpurun({config, "--ckpt", dir / "limited", "--memory-limit",
-                               std::to_string(limit)});
+  Result limited =
+      run_gpurun({config, "--ckpt", dir / "limited", "--memory-limit", std::to_string(limit)});
   ASSERT_EQ(limited.exit_code, 0) << limited.err;
 
   const auto plans = events(dir / "limited", "plan");
@@ -77,16 +80,16 @@ TEST(MemoryFit, RunUnderALimitBelowTheConfiguredPeakFitsAndLearnsTheSame) {
 // to a run with a 4x micro-batch; the same when the accumulation came from the planner.
 TEST(Cases, SchedulerStepsOncePerOptimizerStep) {
   TempDir dir;
-  const std::string config = write_config(
-      dir,
-      "model: {name: cnn, channels: [8]}\n"
-      "data: {name: idx, train_samples: 320, eval_samples: 100}\n"
-      "optim: {name: sgd, lr: 0.1}\n"
-      "schedule: {name: cosine, warmup_steps: 10}\n"
-      "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n"
-      "log: {every_steps: 1}\n");
-  Result accumulated = run_gpurun(
-      {config, "--ckpt", dir / "a", "--set", "train.accumulation_steps=4"});
+  const std::string config =
+      write_config(dir,
+                   "model: {name: cnn, channels: [8]}\n"
+                   "data: {name: idx, train_samples: 320, eval_samples: 100}\n"
+                   "optim: {name: sgd, lr: 0.1}\n"
+                   "schedule: {name: cosine, warmup_steps: 10}\n"
+                   "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n"
+                   "log: {every_steps: 1}\n");
+  Result accumulated =
+      run_gpurun({config, "--ckpt", dir / "a", "--set", "train.accumulation_steps=4"});
   ASSERT_EQ(accumulated.exit_code, 0) << accumulated.err;
   Result plain = run_gpurun({config, "--ckpt", dir / "b"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
@@ -98,12 +101,14 @@ TEST(Cases, SchedulerStepsOncePerOptimizerStep) {
   EXPECT_EQ(events(dir / "a", "plan")[0]["accumulation_steps"], 4);
 
   // Accumulation chosen by the planner: a limit between micro-batch 8's peak and 32's.
-  const int64_t p32 = plan_json(config, {})["measured_peak_bytes"];
-  const int64_t p8 = plan_json(config, {"train.accumulation_steps=4"})["measured_peak_bytes"];
+  // The training steps' part: evaluation, which the limit shrinks on its own, is larger here.
+  const int64_t p32 = plan_json(config, {})["measured_peaks"]["training"];
+  const int64_t p8 =
+      plan_json(config, {"train.accumulation_steps=4"})["measured_peaks"]["training"];
   ASSERT_LT(p8, p32);
   const int64_t limit = static_cast<int64_t>((p8 + (p32 - p8) / 4) / 0.9);
-  Result planned = run_gpurun({config, "--ckpt", dir / "c", "--memory-limit",
-                               std::to_string(limit), "--set", "memory.strategy=accumulate"});
+  Result planned = run_gpurun({config, "--ckpt", dir / "c", "--memory-limit", std::to_string(limit),
+                               "--set", "memory.strategy=accumulate"});
   ASSERT_EQ(planned.exit_code, 0) << planned.err;
   EXPECT_GT(events(dir / "c", "plan")[0]["accumulation_steps"].get<int64_t>(), 1);
   EXPECT_EQ(learning_rates(dir / "c"), lr);
@@ -117,8 +122,8 @@ TEST(Cases, ResumePeakIsNoHigherThanAFreshRunsPeak) {
   Result killed = run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.every_steps=5"},
                              {{"GPURUN_FAULT", "sigkill:after_step:12"}});
   ASSERT_EQ(killed.signal, 9) << killed.err;
-  Result resumed = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
-                               "checkpoint.every_steps=5"});
+  Result resumed =
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "checkpoint.every_steps=5"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   const auto plan = events(dir / "ckpt", "plan");
   const auto resume = events(dir / "ckpt", "resume");
@@ -126,17 +131,21 @@ TEST(Cases, ResumePeakIsNoHigherThanAFreshRunsPeak) {
   const int64_t fresh_peak = plan.front()["measured_peak_bytes"];
   EXPECT_LE(resume[0]["peak_bytes"].get<int64_t>(), fresh_peak + (int64_t{256} << 10))
       << "resume peak " << resume[0]["peak_bytes"] << " vs fresh " << fresh_peak;
+  // The plan probed this resume's loading with the code the resume ran.
+  const double probed = plan.front()["measured_peaks"]["resume_loading"];
+  EXPECT_LT(std::abs(resume[0]["peak_bytes"].get<double>() - probed) / probed, 0.15)
+      << "resume peak " << resume[0]["peak_bytes"] << " vs probed " << probed;
 }
 
 // Case 9: memory that fits training micro-batch 8 but not eval batch 2048: only the eval batch
 // shrinks, and micro x accumulation x world stays the configured global batch.
 TEST(Cases, EvalOutOfMemoryShrinksOnlyTheEvalBatch) {
   TempDir dir;
-  const std::string config = write_config(
-      dir,
-      "model: {name: cnn, channels: [16]}\n"
-      "data: {name: idx, train_samples: 64, eval_samples: 2048}\n"
-      "train: {epochs: 1, batch_size: 8, eval_batch_size: 2048, threads: 1}\n");
+  const std::string config =
+      write_config(dir,
+                   "model: {name: cnn, channels: [16]}\n"
+                   "data: {name: idx, train_samples: 64, eval_samples: 2048}\n"
+                   "train: {epochs: 1, batch_size: 8, eval_batch_size: 2048, threads: 1}\n");
   const int64_t train_peak = plan_json(config, {"train.eval_batch_size=8"})["measured_peak_bytes"];
   const std::string limit = std::to_string(train_peak * 3);
   Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", limit});
@@ -163,15 +172,107 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
   TempDir dir;
   const std::string config = write_config(dir, kCnn);
   const nlohmann::json j = plan_json(config, {});
-  for (const char* key : {"measured_peak_bytes", "estimated_peak_bytes", "capacity_bytes",
-                          "micro_batch", "accumulation_steps", "activation_checkpointing",
-                          "global_batch", "eval_batch", "world_size", "breakdown", "cards",
-                          "eta_seconds"})
+  for (const char* key :
+       {"measured_peak_bytes", "estimated_peak_bytes", "capacity_bytes", "micro_batch",
+        "accumulation_steps", "activation_checkpointing", "global_batch", "eval_batch",
+        "world_size", "breakdown", "cards", "eta_seconds"})
     EXPECT_TRUE(j.contains(key)) << key;
   ASSERT_EQ(j["cards"].size(), 5u);
   EXPECT_EQ(j["cards"][1]["fits"], "as configured");
-  const double measured = j["measured_peak_bytes"], estimated = j["estimated_peak_bytes"];
+  // Every part of the run is measured; the plan's peak is the largest.
+  int64_t largest = 0;
+  for (const char* part : {"training", "evaluation", "checkpoint_capture", "resume_loading"}) {
+    ASSERT_TRUE(j["measured_peaks"].contains(part)) << part << " in " << j.dump();
+    EXPECT_GT(j["measured_peaks"][part].get<int64_t>(), 0) << part;
+    largest = std::max(largest, j["measured_peaks"][part].get<int64_t>());
+  }
+  EXPECT_EQ(j["measured_peak_bytes"], largest);
+  EXPECT_EQ(j["measured_peaks"][j["peak_part"].get<std::string>()], largest);
+  // The estimate models a training step.
+  const double measured = j["measured_peaks"]["training"], estimated = j["estimated_peak_bytes"];
   EXPECT_LT(std::abs(estimated - measured) / measured, 0.5) << j.dump();
+
+  Result text = run_gpurun({"plan", config});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  for (const char* line :
+       {"the largest of:", "training ", "evaluation ", "ckpt capture ", "resume load "})
+    EXPECT_TRUE(contains(text.out, line)) << line << " in\n" << text.out;
+}
+
+// A limit just above what every part of the run needs fits as configured: the probes' own
+// copies (of a model whose weights are a quarter of the need) take no room under the limit.
+TEST(MemoryFit, ALimitJustAboveTheMeasuredPeakFitsAsConfigured) {
+  TempDir dir;
+  const std::string config =
+      write_config(dir,
+                   "model: {name: mlp, hidden: [2048, 2048]}\n"
+                   "data: {name: idx, train_samples: 256, eval_samples: 100}\n"
+                   "optim: {name: sgd, lr: 0.01, momentum: 0.9}\n"
+                   "train: {epochs: 1, batch_size: 64, eval_batch_size: 100, threads: 1}\n");
+  const nlohmann::json free_plan = plan_json(config, {});
+  const double peak = free_plan["measured_peak_bytes"];
+  const std::string limit = std::to_string(static_cast<int64_t>(peak / 0.9 * 1.02));
+  const nlohmann::json limited = plan_json(config, {}, limit);
+  EXPECT_EQ(limited["reason"], "fits as configured") << limited.dump();
+  EXPECT_EQ(limited["measured_peaks"], free_plan["measured_peaks"]);
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", limit});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Issue 9: on the Fashion-MNIST example as shipped (a subset of its samples, so that it is
+// fast), the plan's measured peak is the run's: within 15% of every epoch's peak_bytes, and so
+// is each part the plan probed (evaluation at batch 500 being the largest here).
+TEST(MemoryFit, ExampleConfigPlanPeakIsTheRunsPeak) {
+  TempDir dir;
+  const std::string example = std::string(GPURUN_SOURCE_DIR) + "/examples/fashion_mnist.yaml";
+  const std::vector<std::string> subset{"data.train_samples=1024", "data.eval_samples=1000",
+                                        "train.epochs=2"};
+  Result r = run_gpurun(with_sets({example, "--ckpt", dir / "ckpt"}, subset));
+  if (r.exit_code == 2 && contains(r.err, "fashion-mnist"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed: " << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto plans = events(dir / "ckpt", "plan");
+  ASSERT_EQ(plans.size(), 1u);
+  const nlohmann::json& plan = plans[0];
+  const double planned = plan["measured_peak_bytes"];
+  const auto epochs = events(dir / "ckpt", "epoch");
+  ASSERT_EQ(epochs.size(), 2u);
+  double largest = 0;
+  for (const auto& e : epochs) {
+    largest = std::max(largest, e["peak_bytes"].get<double>());
+    for (const char* part : {"training", "evaluation", "checkpoint_capture"}) {
+      const double ran = e["measured_peaks"].value(part, 0.0);
+      const double probed = plan["measured_peaks"].value(part, 0.0);
+      ASSERT_GT(ran, 0) << part << " in " << e.dump();
+      EXPECT_LT(std::abs(probed - ran) / ran, 0.15)
+          << part << ": plan " << probed << " vs epoch " << e["epoch"] << " " << ran;
+    }
+  }
+  EXPECT_LT(std::abs(planned - largest) / largest, 0.15)
+      << "plan " << planned << " vs largest epoch peak_bytes " << largest;
+  // Printed as the user reads it.
+  EXPECT_TRUE(contains(r.err, "peak memory: measured")) << r.err;
+  EXPECT_TRUE(contains(r.err, "evaluation")) << r.err;
+}
+
+// Issue 16 defect 8: a resume that will be refused (here a changed training key) is refused
+// before any memory probe runs, so a refusal costs no device time.
+TEST(MemoryFit, RefusedResumeProbesNothing) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(256, 32, 1));
+  const std::string ckpt = dir / "ckpt";
+  Result first = run_gpurun({config, "--ckpt", ckpt});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const size_t plan_events = events(ckpt, "plan").size();
+  // Another global batch: the saved plan cannot be reused, so planning would probe.
+  Result refused = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.batch_size=64"},
+                              {{"GPURUN_LOG_LEVEL", "debug"}});
+  EXPECT_EQ(refused.exit_code, 3) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "cannot resume")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "train.batch_size")) << refused.err;
+  for (const char* planning : {"probe micro-batch", "memory plan:", "peak memory:"})
+    EXPECT_FALSE(contains(refused.err, planning)) << planning << " in\n" << refused.err;
+  EXPECT_EQ(events(ckpt, "plan").size(), plan_events);
 }
 
 }  // namespace
@@ -184,11 +285,11 @@ namespace {
 // the number of probe steps cannot change the trained weights.
 TEST(MemoryFit, ProbingDoesNotChangeTraining) {
   TempDir dir;
-  const std::string config = write_config(
-      dir,
-      "model: {name: cnn, channels: [8], dropout: 0.5, batch_norm: true}\n"
-      "data: {name: idx, train_samples: 256, eval_samples: 100}\n"
-      "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n");
+  const std::string config =
+      write_config(dir,
+                   "model: {name: cnn, channels: [8], dropout: 0.5, batch_norm: true}\n"
+                   "data: {name: idx, train_samples: 256, eval_samples: 100}\n"
+                   "train: {epochs: 1, batch_size: 32, eval_batch_size: 100, threads: 1}\n");
   std::vector<std::string> digests;
   for (const char* steps : {"memory.probe_steps=1", "memory.probe_steps=5"}) {
     const std::string ckpt = dir / (std::string("run-") + steps[19]);

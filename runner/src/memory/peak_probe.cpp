@@ -1,6 +1,7 @@
 #include "memory/peak_probe.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/remainder.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -8,13 +9,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
-#include "memory/meter.h"
+#include "checkpoint/train_state.h"
 #include "gpurun/model.h"
-#include "train/optimizer.h"
+#include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 #include "train/micro_batch_step.h"
+#include "train/optimizer.h"
 #include "util/rng.h"
 
 namespace gpurun {
@@ -24,14 +29,21 @@ at::Tensor first_samples(int64_t count, int64_t n) {
   return at::remainder(at::arange(count, at::kLong), n);
 }
 
+double seconds_from(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 /// Puts weights, buffers, the global RNG and the checkpointing flags back and drops the
 /// gradients when the probe ends, so that the probe leaves no trace on the run.
 class Restorer {
  public:
   explicit Restorer(SegmentedModel& model) : model_(model), flags_(model.checkpointed()) {
+    // As host bytes that no meter counts: a copy of the weights on the device, or through the
+    // counting CPU allocator, would take room under --memory-limit that the run does not use,
+    // so the probes would run out of memory where the run fits.
     for (const auto& entry : state_dict(model)) {
-      saved_.push_back(entry.second.detach().clone());
-      saved_bytes_ += static_cast<int64_t>(saved_.back().nbytes());
+      const at::Tensor host = entry.second.detach().to(at::kCPU).contiguous();
+      saved_.emplace_back(static_cast<const char*>(host.data_ptr()), host.nbytes());
     }
     saved_bytes_ += rng_.saved_bytes();
   }
@@ -39,26 +51,26 @@ class Restorer {
     {
       torch::NoGradGuard no_grad;
       auto tensors = state_dict(model_);
-      for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(saved_[i]);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        at::Tensor& t = tensors[i].second;
+        t.copy_(at::from_blob(saved_[i].data(), t.sizes(), t.options().device(at::kCPU)));
+      }
       for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
     }
     model_.set_checkpointed(flags_);
     model_.train();
   }
-  /// Bytes of the copies this object holds, to subtract from the meter's readings.
+  /// Bytes this object holds under the meter (the generator state), to subtract from its
+  /// readings.
   int64_t saved_bytes() const { return saved_bytes_; }
 
  private:
   SegmentedModel& model_;
   std::vector<bool> flags_;
-  std::vector<at::Tensor> saved_;
+  std::vector<std::string> saved_;  ///< each state_dict tensor's bytes, contiguous
   RngGuard rng_{default_generator(at::kCPU)};
   int64_t saved_bytes_ = 0;
 };
-
-std::vector<bool> all_segments(const SegmentedModel& model, bool on) {
-  return on ? std::vector<bool>(model.segments().size(), true) : std::vector<bool>{};
-}
 
 }  // namespace
 
@@ -115,12 +127,28 @@ Prober::Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConf
       device_(device),
       loss_(std::move(loss)) {}
 
+void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
+                  int64_t micro_batch) {
+  optimizer.zero_grad();
+  accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
+  if (optim_.grad_clip > 0) clip_grad_norm(model_.parameters(), optim_.grad_clip);
+  optimizer.step();
+}
+
+std::unique_ptr<torch::optim::Optimizer> Prober::after_one_step(const MemoryPlan& plan) {
+  checkpoint_every_segment(model_, plan.activation_checkpointing);
+  model_.train();
+  auto optimizer = make_optimizer(optim_, model_.parameters());
+  step(*optimizer, first_samples(plan.micro_batch, data_.train->size()), plan.micro_batch);
+  return optimizer;
+}
+
 Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   Probe probe;
   probe.micro_batch = micro_batch;
   probe.checkpointing = checkpointing;
   Restorer restore(model_);
-  model_.set_checkpointed(all_segments(model_, checkpointing));
+  checkpoint_every_segment(model_, checkpointing);
   model_.train();
   const at::Tensor indices = first_samples(micro_batch, data_.train->size());
   double timed = 0;
@@ -128,14 +156,11 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   meter_.reset_peak();
   try {
     auto optimizer = make_optimizer(optim_, model_.parameters());
-    for (int64_t step = 0; step < steps_; ++step) {
+    for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      optimizer->zero_grad();
-      accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
-      optimizer->step();
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step > 0 || steps_ == 1) {
+      step(*optimizer, indices, micro_batch);
+      const double seconds = seconds_from(start);
+      if (i > 0 || steps_ == 1) {
         timed += seconds;
         ++timed_steps;
       }
@@ -156,28 +181,59 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
   Probe probe;
   probe.micro_batch = eval_batch;
   Restorer restore(model_);
-  model_.set_checkpointed(all_segments(model_, train_plan.activation_checkpointing));
-  model_.train();
   try {
-    auto optimizer = make_optimizer(optim_, model_.parameters());
-    optimizer->zero_grad();
-    accumulate_gradients(model_, *data_.train,
-                         first_samples(train_plan.micro_batch, data_.train->size()),
-                         train_plan.micro_batch, device_, 0, loss_);
-    optimizer->step();
+    auto optimizer = after_one_step(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
-    model_.eval();
-    torch::NoGradGuard no_grad;
-    Batch batch = data_.eval->get(first_samples(eval_batch, data_.eval->size()));
-    model_.forward(batch.inputs.to(device_));
-    probe.step_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    evaluate_in_batches(model_, *data_.eval, first_samples(eval_batch, data_.eval->size()),
+                        eval_batch, device_, loss_);
+    probe.step_seconds = seconds_from(start);
   } catch (const c10::OutOfMemoryError& e) {
     probe.out_of_memory = true;
   }
   probe.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  spdlog::debug("probe eval batch {}: peak {} bytes", eval_batch, probe.peak_bytes);
   return probe;
+}
+
+CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
+  CheckpointProbes probes;
+  Restorer restore(model_);
+  // The captured files are host bytes (std::string), which no meter counts, as in a save.
+  std::optional<CheckpointSnapshot> snapshot;
+  try {
+    auto optimizer = after_one_step(train_plan);
+    meter_.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    snapshot = capture_state(model_, *optimizer, CheckpointMeta{});
+    probes.capture.step_seconds = seconds_from(start);
+  } catch (const c10::OutOfMemoryError& e) {
+    probes.capture.out_of_memory = true;
+  }
+  probes.capture.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  // A resume loads into a model without gradients and an optimizer without state.
+  for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
+  if (!snapshot) {
+    probes.resume.out_of_memory = true;
+    return probes;
+  }
+  LoadedCheckpoint loaded;
+  loaded.info.path = "the memory probe's checkpoint";
+  loaded.meta = snapshot->meta;
+  loaded.files = std::move(snapshot->files);
+  try {
+    auto optimizer = make_optimizer(optim_, model_.parameters());
+    meter_.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    restore_state(loaded, model_, *optimizer);
+    probes.resume.step_seconds = seconds_from(start);
+  } catch (const c10::OutOfMemoryError& e) {
+    probes.resume.out_of_memory = true;
+  }
+  probes.resume.peak_bytes = meter_.peak_bytes() - restore.saved_bytes();
+  spdlog::debug("probe checkpoint capture: peak {} bytes; resume loading: peak {} bytes",
+                probes.capture.peak_bytes, probes.resume.peak_bytes);
+  return probes;
 }
 
 }  // namespace gpurun

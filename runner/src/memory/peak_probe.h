@@ -1,13 +1,18 @@
-// Real probes for the memory planner: a few training steps (forward, backward, optimizer step
-// with its state allocated) and an evaluation pass, measured by a MemoryMeter, that leave no
-// trace on the run: weights, buffers and the global RNG are put back afterwards and the probe
-// uses its own optimizer, so model_digest and the data order are as if it never ran.
+// Real probes for the memory planner, measured by a MemoryMeter: a few training steps (forward,
+// backward, optimizer step with its state allocated), an evaluation pass, a checkpoint capture
+// and the loading of that checkpoint, each through the code the run itself calls (the trainer's
+// micro-batch step and evaluation, checkpoint/train_state's capture_state and restore_state).
+// They leave no trace on the run: weights, buffers and the global RNG are put back afterwards,
+// gradients dropped, and each probe uses its own optimizer, so model_digest and the data order
+// are as if it never ran.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
 #include <nlohmann/json.hpp>
 
 #include "gpurun/config.h"
@@ -44,9 +49,10 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
 class Prober {
  public:
   /// `meter` must have been installed before `model` was built, so that its parameters count.
-  /// `loss`: the run's training loss (train.loss).
+  /// `loss`: the run's training loss (train.loss, Session::loss), which training and
+  /// evaluation call as the run does.
   Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss = cross_entropy);
+         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss);
 
   /// `steps` training steps at `micro_batch` (samples 0.. of the training split), with or
   /// without activation checkpointing. A c10::OutOfMemoryError is caught and reported as
@@ -54,10 +60,26 @@ class Prober {
   Probe train(int64_t micro_batch, bool checkpointing);
 
   /// One training step with `train_plan`'s micro-batch, then evaluation of `eval_batch`
-  /// samples, measured from the end of the training step.
+  /// samples as the trainer evaluates (evaluate_in_batches), measured from the end of the
+  /// training step, whose gradients and optimizer state stay alive as in the run.
   Probe eval(int64_t eval_batch, const MemoryPlan& train_plan);
 
+  /// One training step with `train_plan`'s micro-batch, then capture_state() of the model and
+  /// optimizer as a save does (`capture`); then, with the gradients and that optimizer gone,
+  /// restore_state() of the captured checkpoint into the model and a new optimizer, as a resume
+  /// does before training (`resume`). Each is measured on its own; step_seconds is its
+  /// duration. An out-of-memory error marks the part it happened in (and `resume` when the
+  /// capture failed, as there is nothing to load).
+  CheckpointProbes checkpoint(const MemoryPlan& train_plan);
+
  private:
+  /// One optimizer step as the trainer does it (zero_grad, micro-batches of `micro_batch`
+  /// over `indices`, gradient clipping when configured, step).
+  void step(torch::optim::Optimizer& optimizer, const at::Tensor& indices, int64_t micro_batch);
+  /// A new optimizer after one step() with `plan`'s micro-batch and checkpointing: the memory
+  /// state between two of the run's steps (gradients and optimizer state alive).
+  std::unique_ptr<torch::optim::Optimizer> after_one_step(const MemoryPlan& plan);
+
   SegmentedModel& model_;
   const DatasetSplits& data_;
   const OptimConfig& optim_;

@@ -76,18 +76,92 @@ std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing,
 
 [[noreturn]] void nothing_fits(const PlanRequest& req, int64_t need) {
   const std::string card = smallest_card_for(need, req.headroom);
+  throw ConfigError("the run does not fit: micro-batch 1" +
+                    std::string(req.can_checkpoint ? " with activation checkpointing" : "") +
+                    " needs " + std::to_string(need) + " bytes (" + format_bytes(need) +
+                    "), the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
+                    format_bytes(req.capacity_bytes) + ") of which " +
+                    std::to_string(usable_bytes(req)) + " usable with memory.headroom " +
+                    std::to_string(req.headroom) + "; " +
+                    (card.empty() ? "no common card is large enough: use a smaller model"
+                                  : "the smallest common card that fits: " + card));
+}
+
+/// Refuses a plan whose checkpoint capture or resume loading does not fit: nothing the planner
+/// chooses makes them smaller, so the message says what does.
+void require_fits(const PlanRequest& req, const Probe& p, const std::string& part,
+                  const std::string& holds) {
+  const int64_t usable = usable_bytes(req);
+  if (fits(p, usable)) return;
+  const std::string need = p.out_of_memory ? "more than the device has"
+                                           : std::to_string(p.peak_bytes) + " bytes (" +
+                                                 format_bytes(p.peak_bytes) + ")";
+  const std::string card = p.out_of_memory ? "" : smallest_card_for(p.peak_bytes, req.headroom);
   throw ConfigError(
-      "the run does not fit: micro-batch 1" +
-      std::string(req.can_checkpoint ? " with activation checkpointing" : "") + " needs " +
-      std::to_string(need) + " bytes (" + format_bytes(need) + "), the device has " +
+      "the run does not fit: " + part + " needs " + need + ", the device has " +
       std::to_string(req.capacity_bytes) + " bytes (" + format_bytes(req.capacity_bytes) +
-      ") of which " + std::to_string(usable_bytes(req)) + " usable with memory.headroom " +
-      std::to_string(req.headroom) + "; " +
-      (card.empty() ? "no common card is large enough: use a smaller model"
-                    : "the smallest common card that fits: " + card));
+      ") of which " + std::to_string(usable) + " usable with memory.headroom " +
+      std::to_string(req.headroom) + ". It holds " + holds +
+      ", so a smaller micro-batch, gradient accumulation or activation checkpointing cannot "
+      "make it smaller; use a device with more memory (or a larger --memory-limit)" +
+      (card.empty() ? "" : ", e.g. " + card) +
+      ", a smaller model, or an optimizer with less state (optim.name: sgd)");
+}
+
+struct Part {
+  const char* key;    ///< in JSON
+  const char* words;  ///< in messages
+  int64_t bytes;
+};
+
+/// The parts of a run in the order it meets them.
+std::vector<Part> parts(const MeasuredPeaks& m) {
+  return {{"training", "training steps", m.training},
+          {"evaluation", "evaluation", m.evaluation},
+          {"checkpoint_capture", "checkpoint capture", m.checkpoint_capture},
+          {"resume_loading", "resume loading", m.resume_loading}};
 }
 
 }  // namespace
+
+int64_t MeasuredPeaks::largest() const {
+  return std::max({training, evaluation, checkpoint_capture, resume_loading});
+}
+
+std::string MeasuredPeaks::largest_part() const {
+  const int64_t top = largest();
+  for (const Part& p : parts(*this))
+    if (top > 0 && p.bytes == top) return p.key;
+  return "";
+}
+
+std::string MeasuredPeaks::to_string() const {
+  const std::string top = largest_part();
+  std::string out;
+  for (const Part& p : parts(*this)) {
+    if (p.bytes <= 0) continue;
+    if (!out.empty()) out += ", ";
+    out += std::string(p.words) + " " + format_bytes(p.bytes) + (p.key == top ? " (largest)" : "");
+  }
+  return out;
+}
+
+nlohmann::json MeasuredPeaks::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Part& p : parts(*this))
+    if (p.bytes > 0) j[p.key] = p.bytes;
+  return j;
+}
+
+MeasuredPeaks MeasuredPeaks::from_json(const nlohmann::json& j) {
+  MeasuredPeaks m;
+  if (!j.is_object()) return m;
+  m.training = j.value("training", int64_t{0});
+  m.evaluation = j.value("evaluation", int64_t{0});
+  m.checkpoint_capture = j.value("checkpoint_capture", int64_t{0});
+  m.resume_loading = j.value("resume_loading", int64_t{0});
+  return m;
+}
 
 void MemoryPlan::validate() const {
   if (micro_batch < 1 || accumulation_steps < 1 || world_size < 1 ||
@@ -106,6 +180,8 @@ nlohmann::json MemoryPlan::to_json() const {
           {"eval_batch", eval_batch},
           {"activation_checkpointing", activation_checkpointing},
           {"measured_peak_bytes", measured_peak_bytes},
+          {"measured_peaks", measured.to_json()},
+          {"peak_part", measured.largest_part()},
           {"estimated_peak_bytes", estimated_peak_bytes},
           {"capacity_bytes", capacity_bytes},
           {"step_seconds", step_seconds},
@@ -121,6 +197,7 @@ MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
   p.eval_batch = j.value("eval_batch", int64_t{0});
   p.activation_checkpointing = j.value("activation_checkpointing", false);
   p.measured_peak_bytes = j.value("measured_peak_bytes", int64_t{0});
+  if (j.contains("measured_peaks")) p.measured = MeasuredPeaks::from_json(j["measured_peaks"]);
   p.estimated_peak_bytes = j.value("estimated_peak_bytes", int64_t{0});
   p.capacity_bytes = j.value("capacity_bytes", int64_t{0});
   p.step_seconds = j.value("step_seconds", 0.0);
@@ -140,7 +217,7 @@ std::vector<int64_t> divisors_descending(int64_t n) {
 }
 
 MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
-                       const EvalProbeFn& eval_probe) {
+                       const EvalProbeFn& eval_probe, const CheckpointProbeFn& checkpoint_probe) {
   const int64_t usable = usable_bytes(req);
   MemoryPlan plan;
   plan.global_batch = req.global_batch;
@@ -150,7 +227,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
     plan.micro_batch = p.micro_batch;
     plan.accumulation_steps = req.global_batch / req.world_size / p.micro_batch;
     plan.activation_checkpointing = p.checkpointing;
-    plan.measured_peak_bytes = p.peak_bytes;
+    plan.measured.training = p.peak_bytes;
     plan.step_seconds = p.step_seconds;
     plan.reason = reason;
   };
@@ -193,20 +270,33 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
     auto best = std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
       return a.first.seconds_per_sample() < b.first.seconds_per_sample();
     });
-    adopt(best->first, best->second + " (fastest fitting option of " +
-                           std::to_string(options.size()) + ")");
+    adopt(best->first,
+          best->second + " (fastest fitting option of " + std::to_string(options.size()) + ")");
   }
 
   plan.eval_batch = req.eval_batch;
   for (;;) {
     Probe e = eval_probe(plan.eval_batch, plan);
-    if (fits(e, usable)) break;
+    if (fits(e, usable)) {
+      plan.measured.evaluation = e.peak_bytes;
+      break;
+    }
     if (plan.eval_batch == 1) nothing_fits(req, e.peak_bytes);
     plan.eval_batch = std::max<int64_t>(1, plan.eval_batch / 2);
   }
   if (plan.eval_batch != req.eval_batch)
     spdlog::warn("evaluation batch {} does not fit; evaluating in batches of {}", req.eval_batch,
                  plan.eval_batch);
+
+  const CheckpointProbes c = checkpoint_probe(plan);
+  require_fits(req, c.capture, "checkpoint capture",
+               "the weights, gradients and optimizer state and copies them for the checkpoint");
+  require_fits(req, c.resume, "resume loading",
+               "the weights and the checkpoint's tensors while they are loaded into the model "
+               "and optimizer");
+  plan.measured.checkpoint_capture = c.capture.peak_bytes;
+  plan.measured.resume_loading = c.resume.peak_bytes;
+  plan.measured_peak_bytes = plan.measured.largest();
   plan.validate();
   return plan;
 }
@@ -219,6 +309,7 @@ MemoryPlan halve_micro_batch(const MemoryPlan& plan) {
     next.micro_batch = d;
     next.accumulation_steps = per_rank / d;
     next.measured_peak_bytes = 0;
+    next.measured.training = 0;
     next.reason = "out of memory at micro-batch " + std::to_string(plan.micro_batch);
     next.validate();
     return next;

@@ -2,8 +2,12 @@
 // gradient accumulation and activation checkpointing that fit the device while keeping the
 // global batch (global_batch = micro_batch x accumulation_steps x world_size).
 //
-// The planner itself is pure logic over a probe callback, so it is tested without a model;
-// probe.h runs the real steps.
+// The plan must hold for the whole run, so the planner fits every part of it that needs device
+// memory: training steps, evaluation between them, the capture of a checkpoint and the loading
+// of one on resume; the largest of their measured peaks is the plan's measured peak.
+//
+// The planner itself is pure logic over probe callbacks, so it is tested without a model;
+// peak_probe.h runs the real code paths.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +23,32 @@ namespace gpurun {
 struct Probe {
   int64_t micro_batch = 0;
   bool checkpointing = false;
-  int64_t peak_bytes = 0;     ///< peak bytes on the device during the steps, all counted
-  double step_seconds = 0;    ///< seconds of one micro-batch step (mean after the first)
-  bool out_of_memory = false; ///< a step threw c10's out-of-memory error
+  int64_t peak_bytes = 0;      ///< peak bytes on the device during the steps, all counted
+  double step_seconds = 0;     ///< seconds of one micro-batch step (mean after the first)
+  bool out_of_memory = false;  ///< a step threw c10's out-of-memory error
   double seconds_per_sample() const { return micro_batch ? step_seconds / micro_batch : 0; }
+};
+
+/// The measured peak of each part of a run, in bytes; 0: not measured (a plan saved by an
+/// older gpurun, or a part an epoch did not run).
+struct MeasuredPeaks {
+  int64_t training = 0;            ///< optimizer steps with the plan's micro-batch
+  int64_t evaluation = 0;          ///< evaluation at the plan's eval batch, between steps
+  int64_t checkpoint_capture = 0;  ///< copying model, optimizer and RNG state for a checkpoint
+  int64_t resume_loading = 0;      ///< loading a checkpoint into the model and a new optimizer
+
+  /// The largest part: the peak of the run as a whole.
+  int64_t largest() const;
+  /// The name of the largest part ("training", "evaluation", "checkpoint_capture",
+  /// "resume_loading"), as in to_json(); "" when nothing was measured.
+  std::string largest_part() const;
+  /// "training steps 35.7 MiB, evaluation 104.2 MiB (largest), ...": the measured parts in the
+  /// order a run meets them; "" when none was measured.
+  std::string to_string() const;
+  /// {"training": bytes, ...}: the parts that were measured (non-zero) only.
+  nlohmann::json to_json() const;
+  /// Inverse of to_json(); a missing part reads 0.
+  static MeasuredPeaks from_json(const nlohmann::json& j);
 };
 
 /// The plan a run trains with; saved in every checkpoint's manifest and reused on resume
@@ -34,7 +60,8 @@ struct MemoryPlan {
   int64_t world_size = 1;
   int64_t eval_batch = 0;
   bool activation_checkpointing = false;
-  int64_t measured_peak_bytes = 0;   ///< probe peak of this plan (0: not measured)
+  int64_t measured_peak_bytes = 0;   ///< measured.largest(): the run's peak (0: not measured)
+  MeasuredPeaks measured;            ///< the probe peak of each part of the run
   int64_t estimated_peak_bytes = 0;  ///< analytic estimate of this plan
   int64_t capacity_bytes = 0;        ///< device capacity the plan was made for
   double step_seconds = 0;           ///< measured seconds per micro-batch step
@@ -50,18 +77,26 @@ struct MemoryPlan {
 struct PlanRequest {
   int64_t global_batch = 0;
   int64_t world_size = 1;
-  int64_t micro_batch = 0;     ///< the configured micro-batch (global / accumulation / world)
+  int64_t micro_batch = 0;  ///< the configured micro-batch (global / accumulation / world)
   int64_t eval_batch = 0;
   int64_t capacity_bytes = 0;
-  double headroom = 0.1;       ///< fraction of capacity kept free
+  double headroom = 0.1;          ///< fraction of capacity kept free
   std::string strategy = "auto";  ///< auto | accumulate | checkpoint | none
-  bool can_checkpoint = true;  ///< the model has segments to checkpoint
+  bool can_checkpoint = true;     ///< the model has segments to checkpoint
 };
 
 using TrainProbeFn = std::function<Probe(int64_t micro_batch, bool checkpointing)>;
 /// Probes evaluation at `eval_batch` in the memory state of training with `train_plan`
 /// (gradients and optimizer state alive), as evaluation runs between training steps.
 using EvalProbeFn = std::function<Probe(int64_t eval_batch, const MemoryPlan& train_plan)>;
+
+/// Checkpoint capture, in the memory state of training with a plan (as a save runs between
+/// training steps), and resume loading of that checkpoint (as a resume runs before training).
+struct CheckpointProbes {
+  Probe capture;
+  Probe resume;
+};
+using CheckpointProbeFn = std::function<CheckpointProbes(const MemoryPlan& train_plan)>;
 
 /// Bytes the planner lets a plan use: capacity x (1 - headroom).
 int64_t usable_bytes(const PlanRequest& request);
@@ -74,15 +109,21 @@ std::vector<int64_t> divisors_descending(int64_t n);
 /// predicted by the line peak(b) = fixed + b x per_sample through two probes and then
 /// measured, fits), activation checkpointing, or both; `auto` takes the fitting option with
 /// the lowest measured seconds per sample. The eval batch is probed on its own and halved
-/// until it fits (only the eval batch shrinks for an eval-only excess).
+/// until it fits (only the eval batch shrinks for an eval-only excess). Checkpoint capture and
+/// resume loading are probed last; no setting of the plan changes them (they hold the weights,
+/// gradients and optimizer state, not activations), so they must fit as they are.
+/// measured_peak_bytes is the largest of the four parts, which `measured` holds.
 /// Throws ConfigError when nothing fits, even micro-batch 1 with checkpointing, naming the
-/// need and the capacity in bytes and the smallest common card that would fit.
+/// need and the capacity in bytes and the smallest common card that would fit; and when
+/// checkpoint capture or resume loading does not fit, saying that the micro-batch cannot help
+/// and what can.
 MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_probe,
-                       const EvalProbeFn& eval_probe);
+                       const EvalProbeFn& eval_probe, const CheckpointProbeFn& checkpoint_probe);
 
 /// The next smaller micro-batch after an out-of-memory error during training: the largest
 /// divisor of global/world that is at most micro/2, accumulation raised to keep the global
-/// batch. Throws the ConfigError of choose_plan when micro is already 1.
+/// batch; the training part of `measured` is unknown again (0). Throws the ConfigError of
+/// choose_plan when micro is already 1.
 MemoryPlan halve_micro_batch(const MemoryPlan& plan);
 
 /// Common rental GPU sizes in bytes (24, 48, 80 and 141 GB cards and smaller ones).

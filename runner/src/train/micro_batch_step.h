@@ -1,7 +1,10 @@
-// One optimizer step's forward and backward passes, split into micro-batches.
+// One optimizer step's forward and backward passes, split into micro-batches; and evaluation in
+// batches. The trainer and the memory probes run these same functions, so that what the probes
+// measure is what the run does.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -24,5 +27,20 @@ class SegmentedModel;
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                             int64_t micro_batch, c10::Device device, int64_t window = 0,
                             const LossFn& loss = cross_entropy);
+
+/// The sums an evaluation adds up: loss x samples, and correct predictions over every target
+/// (a sample, or a token of a sequence model).
+struct EvalSums {
+  double loss_sum = 0;
+  double correct = 0;
+  double positions = 0;
+};
+
+/// Evaluates the samples `indices` (int64) of `data` in batches of at most `eval_batch`, in
+/// eval mode without gradients, and puts `model` back in training mode. `before_batch`, when
+/// set, is called before each batch (the trainer's heartbeat).
+EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
+                             int64_t eval_batch, c10::Device device, const LossFn& loss,
+                             const std::function<void()>& before_batch = {});
 
 }  // namespace gpurun

@@ -12,12 +12,12 @@
 #include <spdlog/spdlog.h>
 
 #include "gpurun/errors.h"
-#include "memory/meter.h"
-#include "model/activation_checkpointing.h"
-#include "train/suspicious_settings.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
+#include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 #include "model/torchscript_model.h"
+#include "train/suspicious_settings.h"
 #include "util/units.h"
 
 namespace gpurun {
@@ -67,8 +67,10 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
         weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
     const std::string card = smallest_card_for(need, config.memory.headroom);
     throw ConfigError("the model does not fit: its weights alone are " + std::to_string(weights) +
-                      " bytes (" + format_bytes(weights) + "); with gradients and optimizer "
-                      "state it needs about " + std::to_string(need) + " bytes, the device has " +
+                      " bytes (" + format_bytes(weights) +
+                      "); with gradients and optimizer "
+                      "state it needs about " +
+                      std::to_string(need) + " bytes, the device has " +
                       std::to_string(s.meter->capacity_bytes()) + " bytes (" +
                       format_bytes(s.meter->capacity_bytes()) + "); " +
                       (card.empty() ? "no common card is large enough"
@@ -135,15 +137,22 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
                   config.memory.probe_steps, session.device, session.loss);
     plan = choose_plan(
         request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
-        [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); });
+        [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); },
+        [&](const MemoryPlan& p) {
+          CheckpointProbes c = prober.checkpoint(p);
+          c.capture = agreed(c.capture);
+          c.resume = agreed(c.resume);
+          return c;
+        });
   }
   plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
   plan.capacity_bytes = request.capacity_bytes;
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
   if (plan.micro_batch < 16 && has_batch_norm(*session.model))
-    spdlog::warn("the model has BatchNorm and the micro-batch is {}: its statistics are computed "
-                 "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
-                 plan.micro_batch, request.micro_batch);
+    spdlog::warn(
+        "the model has BatchNorm and the micro-batch is {}: its statistics are computed "
+        "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
+        plan.micro_batch, request.micro_batch);
   return plan;
 }
 

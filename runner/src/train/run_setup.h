@@ -13,8 +13,8 @@
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
 #include "gpurun/loss.h"
-#include "memory/planner.h"
 #include "memory/peak_probe.h"
+#include "memory/planner.h"
 
 namespace gpurun {
 
@@ -57,7 +57,9 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
 /// capacity, headroom and strategy.
 PlanRequest plan_request(const RunConfig& config, const Session& session, int64_t world_size);
 
-/// Probes and chooses the plan (memory_plan.h), fills in the analytic estimate, and turns
+/// Probes and chooses the plan (memory/planner.h: training steps, evaluation, checkpoint
+/// capture and resume loading, the largest being measured_peak_bytes), fills in the analytic
+/// estimate, and turns
 /// activation checkpointing on in the model when the plan says so. When `saved` (the plan of
 /// the checkpoint being resumed) was made for the same capacity and global batch it is reused
 /// without probing, so that a resumed run stays deterministic. With several ranks, `agree`

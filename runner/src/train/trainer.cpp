@@ -8,30 +8,31 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/store.h"
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/store.h"
+#include "checkpoint/train_state.h"
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"
-#include "util/faults.h"
-#include "util/fs.h"
-#include "gpurun/model.h"
-#include "train/optimizer.h"
 #include "gpurun/loss.h"
-#include "model/plugin_loader.h"
+#include "gpurun/model.h"
+#include "gpurun/registry.h"
 #include "memory/meter.h"
 #include "memory/planner.h"
-#include "gpurun/registry.h"
-#include "train/run_setup.h"
-#include "util/signals.h"
-#include "checkpoint/train_state.h"
+#include "model/plugin_loader.h"
 #include "report/reporter.h"
 #include "train/micro_batch_step.h"
-#include "util/units.h"
+#include "train/optimizer.h"
+#include "train/run_setup.h"
 #include "util/clock.h"
+#include "util/faults.h"
+#include "util/fs.h"
+#include "util/signals.h"
+#include "util/units.h"
 
 namespace gpurun {
 
@@ -60,6 +61,43 @@ class SampleTrace {
   std::string path_;
 };
 
+/// The meter's peak split by what the run is doing, so that an epoch reports the peak of each
+/// part the planner probed (training steps, evaluation, checkpoint capture) and, as their
+/// largest, its own peak. A part is a member of MeasuredPeaks; null: a stretch not counted
+/// (the epoch hooks, the plugin's own code, which no probe runs).
+class PeakParts {
+ public:
+  using Part = int64_t MeasuredPeaks::*;
+  explicit PeakParts(MemoryMeter& meter) : meter_(meter) {}
+
+  /// Forgets every part and starts measuring `part`.
+  void restart(Part part) {
+    peaks_ = {};
+    meter_.reset_peak();
+    part_ = part;
+  }
+  /// Ends the part in progress and starts `part`; returns the part that ended.
+  Part enter(Part part) {
+    record();
+    meter_.reset_peak();
+    return std::exchange(part_, part);
+  }
+  /// The peak of each part since restart(), the one in progress included.
+  MeasuredPeaks peaks() {
+    record();
+    return peaks_;
+  }
+
+ private:
+  void record() {
+    if (part_) peaks_.*part_ = std::max(peaks_.*part_, meter_.peak_bytes());
+  }
+
+  MemoryMeter& meter_;
+  MeasuredPeaks peaks_;
+  Part part_ = nullptr;
+};
+
 class Trainer {
  public:
   Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry,
@@ -78,13 +116,16 @@ class Trainer {
         reporter_(run_dir_or_default(options), rank_ == 0, rank_),
         checkpointer_(config, {options.ckpt_dir, options.resume, options.force}, reporter_,
                       comm_.get()),
-        trace_(rank_) {}
+        trace_(rank_),
+        peaks_(*session_.meter) {}
 
   void run() {
     try {
       model_source_ = describe_model_source(config_);
       checkpointer_.claim_directory();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
+      // Refused before any probe: planning takes device time, and a refused resume needs none.
+      if (loaded) check_resumable(*loaded);
       std::optional<MemoryPlan> saved;
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
@@ -165,17 +206,39 @@ class Trainer {
 
   void log_plan() const {
     const int64_t measured = plan_.measured_peak_bytes, estimated = plan_.estimated_peak_bytes;
-    spdlog::info("memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
-                 "eval batch {} ({})",
-                 plan_.micro_batch, plan_.accumulation_steps, plan_.world_size,
-                 plan_.global_batch, plan_.activation_checkpointing ? ", activation checkpointing" : "",
-                 plan_.eval_batch, plan_.reason);
-    spdlog::info("peak memory: measured {}, estimated {} ({:+.0f}%), capacity {}",
-                 format_bytes(measured), format_bytes(estimated),
-                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0,
+    spdlog::info(
+        "memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
+        "eval batch {} ({})",
+        plan_.micro_batch, plan_.accumulation_steps, plan_.world_size, plan_.global_batch,
+        plan_.activation_checkpointing ? ", activation checkpointing" : "", plan_.eval_batch,
+        plan_.reason);
+    // The estimate models a training step, so it is compared with the training steps' part.
+    const int64_t training = plan_.measured.training > 0 ? plan_.measured.training : measured;
+    const std::string parts = plan_.measured.to_string();
+    spdlog::info("peak memory: measured {}{}; estimated training step {} ({:+.0f}%); capacity {}",
+                 format_bytes(measured), parts.empty() ? "" : " (" + parts + ")",
+                 format_bytes(estimated),
+                 training > 0 ? 100.0 * (estimated - training) / training : 0.0,
                  format_bytes(plan_.capacity_bytes));
   }
 
+  /// Throws ResumeError when `loaded` was written under other training keys than this config.
+  void check_resumable(const LoadedCheckpoint& loaded) const {
+    const CheckpointMeta& meta = loaded.meta;
+    // Recomputed from the saved config, so that a key added by a later gpurun (read back with
+    // its default) does not make an older checkpoint look like another run.
+    if (config_hash(config_from_json(meta.config)) == config_hash(config_)) return;
+    std::string keys;
+    for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
+      keys += "\n  " + k;
+    throw ResumeError("cannot resume " + loaded.info.path +
+                      ": training keys differ from the checkpoint's config:" + keys +
+                      "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
+                      "directory)");
+  }
+
+  /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
+  /// loop position, or starts fresh.
   void resume_or_start(const std::optional<LoadedCheckpoint>& loaded) {
     if (!options_.resume) {
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
@@ -186,17 +249,6 @@ class Trainer {
       return;
     }
     const CheckpointMeta& meta = loaded->meta;
-    // Recomputed from the saved config, so that a key added by a later gpurun (read back with
-    // its default) does not make an older checkpoint look like another run.
-    if (config_hash(config_from_json(meta.config)) != config_hash(config_)) {
-      std::string keys;
-      for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
-        keys += "\n  " + k;
-      throw ResumeError("cannot resume " + loaded->info.path +
-                        ": training keys differ from the checkpoint's config:" + keys +
-                        "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
-                        "directory)");
-    }
     if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
       spdlog::warn(
           "checkpoint was written with {} threads and CPU capability {}; this run uses "
@@ -204,16 +256,19 @@ class Trainer {
           meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
     session_.meter->reset_peak();
     if (!restore_state(*loaded, *model_, *optimizer_, rank_))
-      spdlog::warn("rank {}: {} was written by {} rank(s) and holds no random state for this "
-                   "rank; its dropout stream starts from the seed (the run is no longer "
-                   "bit-identical to one that kept its world size)",
-                   rank_, loaded->info.path, meta.world_size);
+      spdlog::warn(
+          "rank {}: {} was written by {} rank(s) and holds no random state for this "
+          "rank; its dropout stream starts from the seed (the run is no longer "
+          "bit-identical to one that kept its world size)",
+          rank_, loaded->info.path, meta.world_size);
     const int64_t load_peak = session_.meter->peak_bytes();
     const std::string changed = compare_model_source(
         meta.extra.value("model_source", nlohmann::json::object()), model_source_);
     if (!changed.empty())
-      spdlog::warn("{}; its tensors have the same names and shapes, so training resumes, but "
-                   "the model's code may have changed", changed);
+      spdlog::warn(
+          "{}; its tensors have the same names and shapes, so training resumes, but "
+          "the model's code may have changed",
+          changed);
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
@@ -225,10 +280,11 @@ class Trainer {
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
     if (meta.world_size != world_)
-      spdlog::info("the checkpoint was written by {} rank(s), this run has {}: the global batch "
-                   "and the position in the epoch's order are kept, so every sample of the epoch "
-                   "is seen exactly once",
-                   meta.world_size, world_);
+      spdlog::info(
+          "the checkpoint was written by {} rank(s), this run has {}: the global batch "
+          "and the position in the epoch's order are kept, so every sample of the epoch "
+          "is seen exactly once",
+          meta.world_size, world_);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"epoch", epoch_},
@@ -241,7 +297,7 @@ class Trainer {
     const at::Tensor order = epoch_permutation(n, config_.train.seed, epoch_);
     model_->train();
     auto epoch_start = Clock::now();
-    session_.meter->reset_peak();
+    peaks_.restart(&MeasuredPeaks::training);
     // A resumed epoch continues the sums its checkpoint saved, so its train loss is that of the
     // whole epoch, as without the interruption.
     if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
@@ -268,23 +324,29 @@ class Trainer {
       registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
       stop_if_signalled(agreed_stop_);
     }
+    peaks_.enter(&MeasuredPeaks::evaluation);
     const auto [eval_loss, eval_accuracy] = evaluate();
+    peaks_.enter(nullptr);
     const double seconds = seconds_since(epoch_start);
     reporter_.end_progress();
     const double train_loss = epoch_loss_samples_ ? epoch_loss_sum_ / epoch_loss_samples_ : 0.0;
     spdlog::info(
         "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
         epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
+    // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
+    if (rank_ == 0)
+      registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
+    save("epoch", epoch_ + 1, 0);
+    // After the epoch's own save, so that its peak covers every part the plan fitted.
+    const MeasuredPeaks peaks = peaks_.peaks();
     reporter_.event("epoch", {{"epoch", epoch_},
                               {"global_step", global_step_},
                               {"train_loss", train_loss},
                               {"eval_loss", eval_loss},
                               {"eval_accuracy", eval_accuracy},
-                              {"peak_bytes", session_.meter->peak_bytes()},
+                              {"peak_bytes", peaks.largest()},
+                              {"measured_peaks", peaks.to_json()},
                               {"seconds", seconds}});
-    // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
-    if (rank_ == 0) registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
-    save("epoch", epoch_ + 1, 0);
     stop_if_signalled();
   }
 
@@ -340,35 +402,23 @@ class Trainer {
     release_gradients();
     MemoryPlan smaller = halve_micro_batch(plan_);
     reporter_.end_progress();
-    spdlog::warn("out of memory at global step {} with micro-batch {}{}; memory back to {}; "
-                 "retrying with micro-batch {} x accumulation {}",
-                 global_step_, plan_.micro_batch, comm_ ? " (on at least one rank)" : "",
-                 format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
-                 smaller.accumulation_steps);
+    spdlog::warn(
+        "out of memory at global step {} with micro-batch {}{}; memory back to {}; "
+        "retrying with micro-batch {} x accumulation {}",
+        global_step_, plan_.micro_batch, comm_ ? " (on at least one rank)" : "",
+        format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
+        smaller.accumulation_steps);
     plan_ = smaller;
     reporter_.event("plan", plan_.to_json());
   }
 
   std::pair<double, double> evaluate() {
-    model_->eval();
-    torch::NoGradGuard no_grad;
     // Rank r evaluates samples r, r + world, ...; the sums are added over the ranks.
     const int64_t n = data_.eval->size();
-    const at::Tensor mine = at::arange(rank_, n, world_, at::kLong);
-    const int64_t m = mine.numel();
-    double loss_sum = 0;
-    double correct = 0, positions = 0;  // accuracy over every target (sample or token)
-    for (int64_t start = 0; start < m; start += plan_.eval_batch) {
-      const int64_t count = std::min(plan_.eval_batch, m - start);
-      reporter_.heartbeat(global_step_);
-      Batch batch = data_.eval->get(mine.narrow(0, start, count));
-      at::Tensor logits = model_->forward(batch.inputs.to(device_));
-      at::Tensor targets = batch.targets.to(device_);
-      loss_sum += session_.loss(logits, targets).item<double>() * count;
-      correct += static_cast<double>(correct_predictions(logits, targets));
-      positions += static_cast<double>(targets.numel());
-    }
-    model_->train();
+    const EvalSums mine = evaluate_in_batches(
+        *model_, *data_.eval, at::arange(rank_, n, world_, at::kLong), plan_.eval_batch, device_,
+        session_.loss, [this] { reporter_.heartbeat(global_step_); });
+    double loss_sum = mine.loss_sum, correct = mine.correct, positions = mine.positions;
     if (comm_) {
       const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
       loss_sum = sums[0];
@@ -399,9 +449,12 @@ class Trainer {
       const CollectiveStats& now = comm_->stats();
       const double steps = static_cast<double>(global_step_ - interval_first_step_);
       fields["world_size"] = world_;
-      fields["gradient_syncs_per_step"] = (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
-      fields["all_reduce_calls_per_step"] = (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
-      fields["all_reduce_bytes_per_step"] = (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
+      fields["gradient_syncs_per_step"] =
+          (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
+      fields["all_reduce_calls_per_step"] =
+          (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
+      fields["all_reduce_bytes_per_step"] =
+          (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
       interval_stats_ = now;
     }
     interval_first_step_ = global_step_;
@@ -451,7 +504,9 @@ class Trainer {
     if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
     // Decodes the model's outputs without the data (e.g. a text model's characters).
     if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
+    const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
     checkpointer_.save(std::move(meta), *model_, *optimizer_);
+    peaks_.enter(was);
     interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
   }
 
@@ -492,8 +547,9 @@ class Trainer {
   Reporter reporter_;
   Checkpointer checkpointer_;
   SampleTrace trace_;
+  PeakParts peaks_;                                 ///< this epoch's peak of each part
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
-  double epoch_loss_sum_ = 0;      ///< sum of step loss x samples in this epoch so far
+  double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
   CollectiveStats interval_stats_;
   int64_t interval_first_step_ = 0;

@@ -12,6 +12,7 @@ struct Device {
   int64_t fixed = 1000, per_sample = 100;
   double checkpoint_activation_factor = 0.4, checkpoint_time_factor = 1.3;
   int64_t eval_per_sample = 20;
+  int64_t capture_extra = 200, resume_extra = 300;  // beyond `fixed`, whatever the plan
   int calls = 0;
   std::vector<std::pair<int64_t, bool>> probed;
 
@@ -21,7 +22,8 @@ struct Device {
     Probe p;
     p.micro_batch = micro;
     p.checkpointing = ckpt;
-    const double act = static_cast<double>(micro * per_sample) * (ckpt ? checkpoint_activation_factor : 1);
+    const double act =
+        static_cast<double>(micro * per_sample) * (ckpt ? checkpoint_activation_factor : 1);
     p.peak_bytes = fixed + static_cast<int64_t>(act);
     p.step_seconds = (0.01 + 0.001 * micro) * (ckpt ? checkpoint_time_factor : 1.0);
     return p;
@@ -31,6 +33,12 @@ struct Device {
     p.micro_batch = batch;
     p.peak_bytes = fixed + batch * eval_per_sample;
     return p;
+  }
+  CheckpointProbes checkpoint() {
+    CheckpointProbes c;
+    c.capture.peak_bytes = fixed + capture_extra;
+    c.resume.peak_bytes = fixed + resume_extra;
+    return c;
   }
 };
 
@@ -47,7 +55,9 @@ PlanRequest request(int64_t capacity, const std::string& strategy = "auto") {
 
 MemoryPlan plan_for(Device& d, const PlanRequest& r) {
   return choose_plan(
-      r, [&](int64_t m, bool c) { return d.train(m, c); }, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
+      r, [&](int64_t m, bool c) { return d.train(m, c); },
+      [&](int64_t b, const MemoryPlan&) { return d.eval(b); },
+      [&](const MemoryPlan&) { return d.checkpoint(); });
 }
 
 TEST(Planner, FitsAsConfiguredWithOneProbe) {
@@ -148,8 +158,56 @@ TEST(Planner, OutOfMemoryProbeCountsAsNotFitting) {
     }
     return p;
   };
-  MemoryPlan p = choose_plan(request(3000, "accumulate"), train, [&](int64_t b, const MemoryPlan&) { return d.eval(b); });
+  MemoryPlan p = choose_plan(
+      request(3000, "accumulate"), train, [&](int64_t b, const MemoryPlan&) { return d.eval(b); },
+      [&](const MemoryPlan&) { return d.checkpoint(); });
   EXPECT_EQ(p.micro_batch, 16);
+}
+
+// The plan's measured peak is the run's: the largest of training steps, evaluation, checkpoint
+// capture and resume loading, each reported.
+TEST(Planner, MeasuredPeakIsTheLargestPart) {
+  Device d;
+  MemoryPlan p = plan_for(d, request(100000));
+  EXPECT_EQ(p.measured.training, 7400);
+  EXPECT_EQ(p.measured.evaluation, 1000 + 64 * 20);
+  EXPECT_EQ(p.measured.checkpoint_capture, 1200);
+  EXPECT_EQ(p.measured.resume_loading, 1300);
+  EXPECT_EQ(p.measured_peak_bytes, 7400);
+  EXPECT_EQ(p.measured.largest_part(), "training");
+
+  d.eval_per_sample = 200;  // evaluation 1000 + 12800 exceeds training 7400
+  p = plan_for(d, request(100000));
+  EXPECT_EQ(p.measured_peak_bytes, 13800);
+  EXPECT_EQ(p.to_json()["peak_part"], "evaluation");
+  EXPECT_EQ(p.to_json()["measured_peaks"]["evaluation"], 13800);
+
+  d.eval_per_sample = 20;
+  d.capture_extra = 9000;  // a large model's copy for the checkpoint
+  p = plan_for(d, request(100000));
+  EXPECT_EQ(p.measured_peak_bytes, 10000);
+  EXPECT_EQ(p.measured.largest_part(), "checkpoint_capture");
+}
+
+// Training and evaluation shrink to fit; checkpoint capture and resume loading cannot, and the
+// refusal says so instead of trying smaller micro-batches.
+TEST(Planner, CaptureOrResumeThatDoesNotFitIsRefusedSayingTheMicroBatchCannotHelp) {
+  for (const bool capture : {true, false}) {
+    Device d;
+    (capture ? d.capture_extra : d.resume_extra) = 5000;  // 6000 > the 3000 usable
+    try {
+      plan_for(d, request(3000));
+      ADD_FAILURE() << "no ConfigError";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(capture ? "checkpoint capture needs 6000 bytes"
+                                  : "resume loading needs 6000 bytes"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("cannot make it smaller"), std::string::npos) << what;
+      EXPECT_NE(what.find("3000 bytes"), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(Planner, HalvingKeepsTheGlobalBatchAndStopsAtOne) {
