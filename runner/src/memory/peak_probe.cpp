@@ -21,16 +21,13 @@
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "util/rng.h"
+#include "util/clock.h"
 
 namespace gpurun {
 namespace {
 
 at::Tensor first_samples(int64_t count, int64_t n) {
   return at::remainder(at::arange(count, at::kLong), n);
-}
-
-double seconds_from(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 /// Puts weights, buffers, the global RNG and the checkpointing flags back and drops the
@@ -46,6 +43,11 @@ class Restorer {
       saved_.emplace_back(static_cast<const char*>(host.data_ptr()), host.nbytes());
     }
     saved_bytes_ += rng_.saved_bytes();
+    // The device's generator too: dropout on a GPU draws from it, and a resumed run (which
+    // reuses its plan and probes nothing) must see the stream an uninterrupted run saw.
+    const std::vector<at::Tensor> params = model.parameters();
+    if (!params.empty() && !params.front().device().is_cpu())
+      device_rng_.emplace(default_generator(params.front().device()));
   }
   ~Restorer() {
     {
@@ -69,6 +71,7 @@ class Restorer {
   std::vector<bool> flags_;
   std::vector<std::string> saved_;  ///< each state_dict tensor's bytes, contiguous
   RngGuard rng_{default_generator(at::kCPU)};
+  std::optional<RngGuard> device_rng_;
   int64_t saved_bytes_ = 0;
 };
 
@@ -159,7 +162,7 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
     for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
       step(*optimizer, indices, micro_batch);
-      const double seconds = seconds_from(start);
+      const double seconds = seconds_since(start);
       if (i > 0 || steps_ == 1) {
         timed += seconds;
         ++timed_steps;
@@ -187,7 +190,7 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
     const auto start = std::chrono::steady_clock::now();
     evaluate_in_batches(model_, *data_.eval, first_samples(eval_batch, data_.eval->size()),
                         eval_batch, device_, loss_);
-    probe.step_seconds = seconds_from(start);
+    probe.step_seconds = seconds_since(start);
   } catch (const c10::OutOfMemoryError& e) {
     probe.out_of_memory = true;
   }
@@ -206,7 +209,7 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     snapshot = capture_state(model_, *optimizer, CheckpointMeta{});
-    probes.capture.step_seconds = seconds_from(start);
+    probes.capture.step_seconds = seconds_since(start);
   } catch (const c10::OutOfMemoryError& e) {
     probes.capture.out_of_memory = true;
   }
@@ -226,7 +229,7 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     restore_state(loaded, model_, *optimizer);
-    probes.resume.step_seconds = seconds_from(start);
+    probes.resume.step_seconds = seconds_since(start);
   } catch (const c10::OutOfMemoryError& e) {
     probes.resume.out_of_memory = true;
   }
