@@ -223,11 +223,14 @@ class Trainer {
     reporter_.status({{"last_checkpoint", loaded->info.path}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
-    if (meta.world_size != world_)
-      spdlog::info("the checkpoint was written by {} rank(s), this run has {}: the global batch "
-                   "and the position in the epoch's order are kept, so every sample of the epoch "
-                   "is seen exactly once",
-                   meta.world_size, world_);
+    // Once, by rank 0: the gradients are now summed over another set of shards.
+    if (meta.world_size != world_ && rank_ == 0)
+      spdlog::warn(
+          "the checkpoint was written by {} rank(s), this run has {}: the global batch "
+          "and the position in the epoch's order are kept, so every sample of the epoch "
+          "is seen exactly once, but the run is not bit-identical to one that kept {} "
+          "rank(s) (gradients are summed in another order: the last bits differ)",
+          meta.world_size, world_, meta.world_size);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"epoch", epoch_},
