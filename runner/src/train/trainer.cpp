@@ -105,6 +105,9 @@ class Trainer {
         interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
       }
       started_ = true;
+      // Training starts here: the rates and the ETA count from this moment (the plan event's).
+      session_start_ = interval_start_ = Clock::now();
+      session_first_step_ = global_step_;
       reporter_.event("plan", plan_.to_json());
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
@@ -380,22 +383,36 @@ class Trainer {
     return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
   }
 
+  /// Seconds left at the mean time per step of this process so far, evaluation and saves
+  /// included; -1 before the first step.
+  double eta_seconds(Clock::time_point now) const {
+    const int64_t done = global_step_ - session_first_step_;
+    if (done <= 0) return -1;
+    return static_cast<double>(total_steps_ - global_step_) *
+           std::chrono::duration<double>(now - session_start_).count() / done;
+  }
+
   void after_step(double loss, int64_t window) {
-    // samples/s over the steps since the last report, which excludes evaluation and saves.
+    // samples/s over the wall time since the last step event (the first: since training
+    // started), which includes epoch ends, evaluation and saves like the samples it counts.
     interval_samples_ += window;
     interval_loss_ += loss * window;
-    const double elapsed = seconds_since(interval_start_);
-    const int64_t remaining = total_steps_ - global_step_;
-    const double eta = throughput_ > 0 ? remaining * plan_.global_batch / throughput_ : -1;
-    reporter_.progress(progress_line(loss, eta));
-    if (global_step_ % config_.log.every_steps != 0) return;
+    const auto step_end = Clock::now();
+    const double eta = eta_seconds(step_end);
+    if (global_step_ % config_.log.every_steps != 0) {
+      reporter_.progress(progress_line(loss, eta));
+      return;
+    }
+    const double elapsed = std::chrono::duration<double>(step_end - interval_start_).count();
     throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    reporter_.progress(progress_line(loss, eta));
     const double mean_loss = interval_loss_ / interval_samples_;
     nlohmann::json fields = {{"epoch", epoch_},
                              {"global_step", global_step_},
                              {"loss", mean_loss},
                              {"lr", lr_},
                              {"samples_per_second", throughput_}};
+    fields["eta_seconds"] = eta;
     if (comm_) {
       // What the gradient synchronisation moved per optimizer step since the last report.
       const CollectiveStats& now = comm_->stats();
@@ -415,16 +432,22 @@ class Trainer {
                       {"eta_seconds", eta}});
     interval_samples_ = 0;
     interval_loss_ = 0;
-    interval_start_ = Clock::now();
+    interval_start_ = step_end;
   }
 
   std::string progress_line(double loss, double eta) const {
+    // Before the first step event: the rate so far.
+    double rate = throughput_;
+    if (rate <= 0) {
+      const double elapsed = seconds_since(interval_start_);
+      rate = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    }
     char buf[160];
     std::snprintf(buf, sizeof buf,
                   "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                   static_cast<long long>(epoch_ + 1), static_cast<long long>(config_.train.epochs),
                   static_cast<long long>(global_step_), static_cast<long long>(total_steps_), loss,
-                  throughput_, format_duration(eta).c_str());
+                  rate, format_duration(eta).c_str());
     return buf;
   }
 
@@ -454,7 +477,6 @@ class Trainer {
     // Decodes the model's outputs without the data (e.g. a text model's characters).
     if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
     checkpointer_.save(std::move(meta), *model_, *optimizer_);
-    interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
   }
 
   /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
@@ -506,7 +528,9 @@ class Trainer {
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
   bool started_ = false;  ///< past the lease, directory and resume checks
   double lr_ = 0;
-  Clock::time_point interval_start_ = Clock::now();
+  Clock::time_point session_start_ = Clock::now();   ///< training's start in this process
+  int64_t session_first_step_ = 0;                   ///< the global step it started from
+  Clock::time_point interval_start_ = Clock::now();  ///< the last step event (or the start)
   int64_t interval_samples_ = 0;
   double interval_loss_ = 0, throughput_ = 0;
 };
