@@ -1,19 +1,23 @@
-// `gpurun ckpt list|verify|inspect DIR [--json]` (design.md, "Command line").
+// `gpurun ckpt list|verify|inspect DIR [--json]` (docs/architecture.md, "Command line").
 //
 //   list     every ckpt-* folder of the checkpoint root DIR: epoch, global step, bytes, whether
 //            it is complete (manifest present, sizes match) or what is wrong, and which one
 //            LATEST names. --json: {"dir", "checkpoints": [...], "latest", "newest_complete"}.
-//   verify   checks every checkpoint in DIR, checksums included, and prints each result.
+//   verify   checks every checkpoint in DIR, checksums included, and prints each result (a file
+//            that cannot be read, or is not a file, fails its checkpoint, not the command).
 //            --json: {"dir", "ok", "checkpoints": [{"name", "complete", "problem"}],
 //            "newest_complete"}. Exit 0 when at least one verifies (the newest complete
 //            checkpoint is then the newest one that verifies), 1 when none does.
 //   inspect  DIR is the checkpoint root (meaning its newest complete checkpoint) or one ckpt-*
 //            folder; prints that checkpoint's manifest: --json the manifest itself, otherwise a
-//            readable summary. Exit 0 when it verifies, 1 when the folder's manifest is readable
+//            readable summary. Newer checkpoints of a root that do not verify are skipped with a
+//            warning. Exit 0 when it verifies, 1 when the folder's manifest is readable
 //            but the checkpoint does not verify.
 //
 // The one report goes to `out` (stdout in the binary); with --json `out` receives exactly one
-// JSON object. Diagnostics go to spdlog, which main() points at stderr.
+// JSON object (on an error, run_command() prints it: command_line.h). Names and LATEST read
+// from disk are printed escaped (util/text.h). Diagnostics go to spdlog, which main() points at
+// stderr.
 #pragma once
 
 #include <ostream>

@@ -6,24 +6,25 @@
 #include <filesystem>
 #include <iostream>
 
+#include <c10/util/Exception.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 // --set values hold commas ("model.hidden=[64,32]"): never split them into several values.
 #define CXXOPTS_VECTOR_DELIMITER '\0'
 #include <cxxopts.hpp>
 
 #include "cli/ckpt_command.h"
+#include "cli/export_command.h"
+#include "cli/options.h"
+#include "cli/plan_command.h"
+#include "cli/status_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
-#include "cli/export_command.h"
-#include "cli/plan_command.h"
-#include "model/plugin_loader.h"
 #include "launch/launcher.h"
-#include "cli/options.h"
-#include "cli/status_command.h"
+#include "model/plugin_loader.h"
 #include "util/units.h"
 #include "util/version.h"
-
 
 namespace gpurun {
 namespace {
@@ -55,11 +56,21 @@ cxxopts::Options make_options() {
   for (const OptionSpec& o : option_table()) {
     std::shared_ptr<cxxopts::Value> value;
     switch (o.type) {
-      case OptionSpec::Type::kFlag: value = cxxopts::value<bool>(); break;
-      case OptionSpec::Type::kString: value = cxxopts::value<std::string>(); break;
-      case OptionSpec::Type::kStrings: value = cxxopts::value<std::vector<std::string>>(); break;
-      case OptionSpec::Type::kInt: value = cxxopts::value<int>(); break;
-      case OptionSpec::Type::kDouble: value = cxxopts::value<double>(); break;
+      case OptionSpec::Type::kFlag:
+        value = cxxopts::value<bool>();
+        break;
+      case OptionSpec::Type::kString:
+        value = cxxopts::value<std::string>();
+        break;
+      case OptionSpec::Type::kStrings:
+        value = cxxopts::value<std::vector<std::string>>();
+        break;
+      case OptionSpec::Type::kInt:
+        value = cxxopts::value<int>();
+        break;
+      case OptionSpec::Type::kDouble:
+        value = cxxopts::value<double>();
+        break;
     }
     if (*o.default_value) value->default_value(o.default_value);
     options.add_options(o.group)(o.name, o.help, value, o.value_name);
@@ -136,7 +147,8 @@ Command parse_command_line(int argc, const char* const argv[]) {
   }
   cmd.run.device = r["device"].as<std::string>();
   if (first == "plan") {
-    if (args.size() != 2) usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");
+    if (args.size() != 2)
+      usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");
     cmd.kind = Command::Kind::kPlan;
     cmd.config_path = args[1];
     return cmd;
@@ -169,7 +181,9 @@ Command parse_command_line(int argc, const char* const argv[]) {
   return cmd;
 }
 
-int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
+namespace {
+
+int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
   switch (cmd.kind) {
     case Command::Kind::kHelp:
       out << cmd.help;
@@ -196,6 +210,26 @@ int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
     }
   }
   return kExitFailure;
+}
+
+}  // namespace
+
+std::string error_message(const std::exception& e) {
+  // LibTorch's errors carry a C++ backtrace that means nothing to a user.
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  return torch_error ? torch_error->what_without_backtrace() : e.what();
+}
+
+int run_command(const Command& cmd, Registry& registry, std::ostream& out) {
+  if (!cmd.json) return dispatch(cmd, registry, out);
+  try {
+    return dispatch(cmd, registry, out);
+  } catch (const std::exception& e) {
+    // --json promises one object on stdout, also when the command fails.
+    const nlohmann::json error{{"error", error_message(e)}, {"exit_code", exit_code_for(e)}};
+    out << error.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    throw;
+  }
 }
 
 void setup_logging() {

@@ -1,7 +1,8 @@
-// The command line (design.md, "Command line"), parsed with cxxopts into a Command, and the
+// The command line (docs/architecture.md, "Command line"), parsed with cxxopts into a Command, and the
 // dispatch of each subcommand to the library. runner/cli/main.cpp only wires these together.
 #pragma once
 
+#include <exception>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -31,9 +32,14 @@ struct Command {
 /// unknown subcommand, with the usage hint.
 Command parse_command_line(int argc, const char* const argv[]);
 
-/// Runs `command`; returns the exit code. Throws what the subcommand throws (main maps it).
-/// `registry` holds the built-in models; run and plan add model.plugin's (plugin_loader.h).
+/// Runs `command`; returns the exit code. Throws what the subcommand throws (main maps it);
+/// with --json it first prints {"error": MESSAGE, "exit_code": CODE} to `out`, so that stdout
+/// holds one JSON object whatever happened. `registry` holds the built-in models; run and plan
+/// add model.plugin's (plugin_loader.h).
 int run_command(const Command& command, Registry& registry, std::ostream& out);
+
+/// The message to show for `e`: what(), without the C++ backtrace of LibTorch's errors.
+std::string error_message(const std::exception& e);
 
 /// Logs to stderr as "gpurun LEVEL message"; GPURUN_LOG_LEVEL=debug|info|warn overrides.
 void setup_logging();

@@ -1,18 +1,19 @@
 #include "cli/export_command.h"
 
 #include <filesystem>
+#include <optional>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/store.h"
+#include "checkpoint/train_state.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
+#include "model/plugin_loader.h"
+#include "model/torchscript_model.h"
 #include "util/fs.h"
 #include "util/hash.h"
-#include "model/plugin_loader.h"
-#include "checkpoint/train_state.h"
-#include "model/torchscript_model.h"
 
 namespace gpurun {
 namespace {
@@ -23,21 +24,15 @@ using json = nlohmann::json;
 /// The checkpoint to export: `dir` itself when it is one ckpt-* folder, else the newest one of
 /// the root that verifies (read-only: damaged ones are reported, not renamed).
 LoadedCheckpoint choose(const std::string& dir) {
-  std::error_code ec;
-  const std::string base = stdfs::path(dir).lexically_normal().filename().string();
-  if (base.rfind("ckpt-", 0) == 0 || stdfs::exists(stdfs::path(dir) / "manifest.json", ec))
-    return CheckpointStore::load(dir);
-  const std::vector<CheckpointInfo> infos = CheckpointStore(dir, 1).list(/*verify=*/true);
-  for (auto it = infos.rbegin(); it != infos.rend(); ++it) {
-    if (!it->complete) {
-      spdlog::warn("skipping {}: {}; exporting the previous complete checkpoint", it->name,
-                   it->problem);
-      continue;
-    }
-    return CheckpointStore::load(it->path);
+  if (CheckpointView::is_checkpoint_folder(dir)) return CheckpointStore::load(dir);
+  const CheckpointView view(dir);
+  const std::optional<CheckpointInfo> newest = view.newest_complete();
+  if (!newest) {
+    throw ResumeError("no complete checkpoint in " + dir + " (" +
+                      std::to_string(view.list(/*verify=*/false).size()) +
+                      " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
   }
-  throw ResumeError("no complete checkpoint in " + dir + " (" + std::to_string(infos.size()) +
-                    " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
+  return CheckpointStore::load(newest->path);
 }
 
 /// The same xxh3 as model_digest(), over tensors already read from model.pt.
@@ -65,6 +60,11 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
   if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
   if (to.empty()) throw ConfigError("gpurun export: --to FILE must not be empty");
+  // An existing file is replaced (atomically); a directory never is: the rename would fail
+  // after the export's work, or, named with a trailing slash, the path is no file at all.
+  if (to.back() == '/' || stdfs::is_directory(to, ec))
+    throw ConfigError("gpurun export --to " + to +
+                      ": --to is a directory; name the file to write the model to");
   const stdfs::path parent = stdfs::absolute(to, ec).parent_path();
   if (!stdfs::is_directory(parent, ec))
     throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
@@ -75,8 +75,8 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
   const std::string& model_pt = checkpoint.file("model.pt");
   const NamedTensors weights = unpickle_tensors(model_pt, checkpoint.info.path + "/model.pt");
   if (digest_of(weights) != meta.model_digest)
-    throw ResumeError(checkpoint.info.path + "/model.pt does not match the manifest's model_digest " +
-                      meta.model_digest);
+    throw ResumeError(checkpoint.info.path +
+                      "/model.pt does not match the manifest's model_digest " + meta.model_digest);
 
   const std::string module = torchscript_source(meta);
   std::string format = "state_dict (torch.load)";
@@ -87,7 +87,8 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
       throw ConfigError("gpurun export: " + checkpoint.info.name +
                         " was trained from the TorchScript module " + module +
                         ", which is gone; export needs it for the module's code (the weights "
-                        "alone are in " + checkpoint.info.path + "/model.pt)");
+                        "alone are in " +
+                        checkpoint.info.path + "/model.pt)");
     RunConfig current;
     current.model.torchscript = module;
     const std::string changed = compare_model_source(

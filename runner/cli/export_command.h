@@ -1,9 +1,10 @@
-// `gpurun export CKPT_DIR --to FILE` (design.md, "Command line"): the trained model of a
+// `gpurun export CKPT_DIR --to FILE` (docs/architecture.md, "Command line"): the trained model of a
 // checkpoint, in a form Python loads without gpurun.
 //
 // CKPT_DIR is a checkpoint root (meaning its newest complete checkpoint: the newest one whose
 // checksums verify; newer damaged ones are skipped with a warning and left as they are, since
-// a run may still be writing there) or one ckpt-* folder. FILE receives, written atomically:
+// a run may still be writing there) or one ckpt-* folder. FILE receives, written atomically (an
+// existing FILE is replaced; a directory is refused):
 //   - for a built-in or plugin model, the state_dict: torch.load(FILE) in Python gives a plain
 //     dict name -> tensor (the checkpoint's model.pt, verified);
 //   - for a TorchScript model (model.torchscript), the scripted module with the trained
@@ -19,10 +20,11 @@ namespace gpurun {
 
 /// Exports as described above and prints one line to `out` naming the checkpoint, its global
 /// step and model_digest, FILE and the format; returns 0. Throws ConfigError (exit 2) for a
-/// CKPT_DIR that is missing or not a directory, a FILE whose directory does not exist, or a
-/// TorchScript module file that is gone; ResumeError (exit 3) when there is no complete
-/// checkpoint, the given ckpt-* folder does not verify, or its weights do not match its
-/// model_digest or the module; IoError (exit 1) when reading or writing fails.
+/// CKPT_DIR that is missing or not a directory, a FILE that is a directory (or ends in '/'), a
+/// FILE whose directory does not exist, or a TorchScript module file that is gone; ResumeError
+/// (exit 3) when there is no complete checkpoint, the given ckpt-* folder does not verify, or
+/// its weights do not match its model_digest or the module; IoError (exit 1) when reading or
+/// writing fails.
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out);
 
 }  // namespace gpurun

@@ -1,8 +1,8 @@
-// gpurun: parse the command line, call the library, map errors to exit codes (design.md).
+// gpurun: parse the command line, call the library, map errors to exit codes (docs/architecture.md).
 #include <exception>
 #include <iostream>
+#include <string>
 
-#include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
 #include "builtin.h"
@@ -22,9 +22,7 @@ int main(int argc, char** argv) {
     return gpurun::run_command(command, registry, std::cout);
   } catch (const std::exception& e) {
     const int code = gpurun::exit_code_for(e);
-    // LibTorch's errors carry a C++ backtrace that means nothing to a user.
-    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-    const char* message = torch_error ? torch_error->what_without_backtrace() : e.what();
+    const std::string message = gpurun::error_message(e);
     if (code == gpurun::kExitSignal)
       spdlog::warn("{}", message);
     else

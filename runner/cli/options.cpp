@@ -29,7 +29,7 @@ const std::vector<OptionSpec>& option_table() {
     {kDistributed, "node-rank", T::kInt, "R", "", "this node's index, 0..nnodes-1", true},
     {kDistributed, "master-addr", T::kString, "HOST", "", "host of rank 0 (the rendezvous store)", true},
     {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
-    {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to"},
+    {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
     {kOutput, "h,help", T::kFlag, "", "", "show this help"},
     {kOutput, "version", T::kFlag, "", "", "print the version"},

@@ -5,6 +5,7 @@
 
 #include "memory/meter.h"
 #include "gpurun/model.h"
+#include "model/activation_checkpointing.h"
 #include "train/run_setup.h"
 #include "report/reporter.h"
 #include "util/units.h"
@@ -61,7 +62,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   Prober prober(*session.model, session.data, config.optim, *session.meter,
                 config.memory.probe_steps, session.device);
-  session.model->set_checkpointed({});
+  checkpoint_every_segment(*session.model, false);
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
   Line plain;
@@ -84,9 +85,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     if (!ck.out_of_memory)
       checkpointed = Line{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
   }
-  session.model->set_checkpointed(
-      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
-                                    : std::vector<bool>{});
+  checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
   const int64_t n = session.data.train->size();
   const int64_t steps = (n + plan.global_batch - 1) / plan.global_batch * config.train.epochs;

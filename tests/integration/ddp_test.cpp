@@ -1,6 +1,6 @@
 // DDP on CPU with Gloo, driven through the real binary: `--nproc-per-node 2` against one
 // process, two launchers as two nodes, a rank killed mid-run, resume with another world size,
-// and cases.md 13 (a checkpoint rank 0 is still writing).
+// and docs/architecture.md, case 13 (a checkpoint rank 0 is still writing).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -209,7 +209,7 @@ TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
   }
 }
 
-// cases.md 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
+// docs/architecture.md, case 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
 // opens the incomplete checkpoint, all ranks resume the same step, and the run ends with the
 // uninterrupted digest.
 TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {

@@ -69,6 +69,46 @@ TEST(Config, SetTwiceTheLastWins) {
   EXPECT_EQ(manifest["epoch"], 2);
 }
 
+TEST(Warnings, BatchLargerThanTheTrainingSetIsOneStepAnEpoch) {
+  TempDir dir;
+  Result r = run_gpurun({write_config(dir, small_config(60, 100, 2)), "--ckpt", dir / "ckpt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.batch_size 100 is larger than the training set (60 samples): "
+                              "every epoch is a single optimizer step of 60 samples"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "is above the memory of")) << r.err;
+  EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 2);  // 2 epochs, 1 step each
+
+  Result fits = run_gpurun({write_config(dir, small_config(60, 60, 1), "fits.yaml"), "--ckpt",
+                            dir / "fits"});
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_FALSE(contains(fits.err, "larger than the training set")) << fits.err;
+}
+
+TEST(Warnings, MemoryLimitAboveTheMachinesMemory) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 1));
+  // 1 PiB: more than any machine these tests run on has (the meter reads the physical RAM, or
+  // the cgroup limit when smaller).
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--device", "cpu", "--memory-limit",
+                         "1024TiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "--memory-limit 1.00 PiB is above the memory of cpu (")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the plan counts on memory the machine does not have")) << r.err;
+  EXPECT_FALSE(contains(r.err, "larger than the training set")) << r.err;
+
+  // memory.capacity is the same limit written in run.yaml; `plan` opens the same session.
+  Result from_config =
+      run_gpurun({"plan", config, "--device", "cpu", "--set", "memory.capacity=1024TiB"});
+  ASSERT_EQ(from_config.exit_code, 0) << from_config.err;
+  EXPECT_TRUE(contains(from_config.err, "memory.capacity 1024TiB is above the memory of cpu ("))
+      << from_config.err;
+
+  Result fits = run_gpurun({"plan", config, "--device", "cpu", "--memory-limit", "256MiB"});
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_FALSE(contains(fits.err, "is above the memory of")) << fits.err;
+}
+
 TEST(Directory, ExistingCheckpointsNeedResumeAndChangedKeysAreRefused) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(60, 30, 1));

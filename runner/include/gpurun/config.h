@@ -1,9 +1,10 @@
 // run.yaml: parsing, validation, defaults, --set overrides, and the config hash.
 //
-// The flow follows LibTorch's DataLoaderOptions -> FullDataLoaderOptions: the YAML file and
-// the --set overrides are read into a flat table of dotted keys checked against one schema
-// (config.cpp, kSchema), then resolve() fills defaults and produces the typed RunConfig that
-// the rest of gpurun reads. Every error names the file, line, key and value.
+// The flow follows LibTorch's DataLoaderOptions -> FullDataLoaderOptions: load_config() reads
+// the YAML file and applies the --set overrides, checks every dotted key against one schema
+// (config/schema.cpp), fills the defaults and returns the typed RunConfig that the rest of
+// gpurun reads; format_resolved() prints it once at the start of a run. Every error names the
+// file, line, key and value.
 #pragma once
 
 #include <cstdint>
@@ -158,7 +159,7 @@ nlohmann::json config_to_json(const RunConfig& config);
 RunConfig config_from_json(const nlohmann::json& j);
 
 /// The keys that change what is learned: every key of model, data, optim, schedule and train
-/// except train.epochs (design.md, "config_hash"). Dotted names, sorted.
+/// except train.epochs (docs/architecture.md, "Manifest"). Dotted names, sorted.
 std::vector<std::string> training_keys();
 
 /// xxh3-64 in hex over the canonical JSON of training_keys()' values.
@@ -171,8 +172,8 @@ std::vector<std::string> changed_training_keys(const RunConfig& a, const RunConf
 /// The resolved config as an aligned, human-readable block of "key  value" lines.
 std::string format_resolved(const RunConfig& config);
 
-/// Every config key, one line each: name, default, accepted values and what it does
-/// (for --help and the docs).
+/// Every config key, one line each: name, default, accepted values and what it does, from the
+/// schema (the test of the schema's help texts reads it).
 std::string format_config_keys();
 
 }  // namespace gpurun

@@ -1,4 +1,4 @@
-// gpurun's exception hierarchy and process exit codes (design.md, "Exit codes").
+// gpurun's exception hierarchy and process exit codes (docs/architecture.md, "Exit codes").
 //
 // Errors are thrown where they are found and caught once, at the command-line
 // boundary (runner/cli/main.cpp), which maps them to exit codes with exit_code_for().
@@ -9,7 +9,7 @@
 
 namespace gpurun {
 
-/// Process exit codes; fixed by design.md.
+/// Process exit codes; fixed by docs/architecture.md ("Exit codes").
 enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,   ///< any other failure; the supervisor retries it
@@ -37,8 +37,8 @@ class ResumeError : public Error {
 };
 
 /// A plugin .so that this gpurun cannot use: built for another plugin ABI or LibTorch
-/// version, or lacking an entry point (plugin.h). A ResumeError, so exit 3 (design.md:
-/// "cannot resume ... ABI mismatch"): rebuilding the plugin, not retrying, fixes it.
+/// version, or lacking an entry point (plugin.h). A ResumeError, so exit 3 (docs/architecture.md,
+/// "Exit codes": "cannot resume ... ABI mismatch"): rebuilding the plugin, not retrying, fixes it.
 class AbiError : public ResumeError {
  public:
   using ResumeError::ResumeError;
@@ -67,7 +67,7 @@ class Stopped : public Error {
   int signal_;
 };
 
-/// Maps an exception caught at the boundary to the exit code design.md assigns to it.
+/// Maps an exception caught at the boundary to the exit code docs/architecture.md assigns to it.
 int exit_code_for(const std::exception& e) noexcept;
 
 }  // namespace gpurun

@@ -55,7 +55,7 @@ class SegmentedModel : public torch::nn::Module {
 std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& model);
 
 /// xxh3-64 (16 hex digits) over the raw bytes of every tensor of state_dict(model), in
-/// order: equal digests mean bit-identical weights (design.md, "model_digest").
+/// order: equal digests mean bit-identical weights (docs/architecture.md, "Manifest").
 std::string model_digest(const torch::nn::Module& model);
 
 }  // namespace gpurun

@@ -85,11 +85,10 @@ class Registry {
   /// error (once per hook) and training goes on.
   void run_step_hooks(const StepEnd& end) const;
 
+  /// The registered names in sorted order: what model.name, data.name and train.loss may name.
   std::vector<std::string> model_names() const;
   std::vector<std::string> dataset_names() const;
   std::vector<std::string> loss_names() const;
-  std::vector<std::string> epoch_hook_names() const;
-  std::vector<std::string> step_hook_names() const;
 
  private:
   std::map<std::string, ModelFactory> models_;

@@ -60,11 +60,6 @@ void CheckpointWriter::wait() {
   changed_.wait(lock, [&] { return !pending_ && !writing_; });
 }
 
-bool CheckpointWriter::busy() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return pending_.has_value() || writing_;
-}
-
 std::vector<WriteOutcome> CheckpointWriter::finished() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<WriteOutcome> out;

@@ -42,8 +42,6 @@ class CheckpointWriter {
   /// Outcomes of the writes finished since the last call, oldest first.
   std::vector<WriteOutcome> finished();
 
-  bool busy() const;
-
  private:
   void loop();
   WriteOutcome write(CheckpointSnapshot& snapshot);

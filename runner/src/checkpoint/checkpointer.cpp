@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -16,6 +17,7 @@
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -33,14 +35,14 @@ at::Tensor uint8_tensor(const std::string& bytes) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                            Collectives* comm)
     : config_(config),
-      options_(options),
+      options_(std::move(options)),
       reporter_(reporter),
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
-      store_(options.ckpt_dir, config.checkpoint.keep_last),
+      store_(options_.ckpt_dir, config.checkpoint.keep_last),
       writer_(store_, config.checkpoint.async) {}
 
 Checkpointer::~Checkpointer() = default;
@@ -126,7 +128,8 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
   // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
   std::vector<at::Tensor> rank_rng;
   if (comm_) {
-    const std::vector<std::string> states = comm_->gather(tensor_bytes(cpu_rng_state()));
+    const std::vector<std::string> states =
+        comm_->gather(tensor_bytes(rng_state(default_generator(at::kCPU))));
     for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
   }
   if (rank_ == 0) {

@@ -14,7 +14,6 @@
 #include "checkpoint/store.h"
 #include "checkpoint/async_writer.h"
 #include "gpurun/config.h"
-#include "train/trainer.h"
 
 namespace torch {
 namespace nn {
@@ -31,10 +30,17 @@ class Collectives;
 class Lease;
 class Reporter;
 
+/// What the command line says about the checkpoint directory (RunOptions' share of it).
+struct CheckpointOptions {
+  std::string ckpt_dir;  ///< the checkpoint root (--ckpt)
+  bool resume = false;   ///< --resume: continue from the newest complete checkpoint, if any
+  bool force = false;    ///< --force: take the directory's lease at once, even from a live run
+};
+
 class Checkpointer {
  public:
   /// `comm` is null for a single process.
-  Checkpointer(const RunConfig& config, const RunOptions& options, Reporter& reporter,
+  Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                Collectives* comm);
   ~Checkpointer();
 
@@ -52,7 +58,7 @@ class Checkpointer {
 
   /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
   /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint
-  /// that is still being written and all resume the same step (cases.md 13). nullopt without
+  /// that is still being written and all resume the same step (docs/architecture.md, case 13). nullopt without
   /// --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
   std::optional<LoadedCheckpoint> choose();
 
@@ -100,7 +106,7 @@ class Checkpointer {
  private:
   using Clock = std::chrono::steady_clock;
   const RunConfig& config_;
-  const RunOptions& options_;
+  const CheckpointOptions options_;
   Reporter& reporter_;
   Collectives* comm_;
   const int rank_;

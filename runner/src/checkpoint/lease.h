@@ -1,4 +1,4 @@
-// The checkpoint-directory lease of design.md ("Checkpoint directory" → Lease): DIR/lease.json
+// The checkpoint-directory lease of docs/architecture.md ("Checkpoint directory" → Lease): DIR/lease.json
 // names the one run that may write checkpoints into DIR, so that two machines or two gpurun
 // processes never interleave checkpoints of one run.
 //

@@ -21,8 +21,8 @@
 #include "util/faults.h"
 #include "util/fs.h"
 #include "util/hash.h"
+#include "util/text.h"
 #include "util/version.h"
-
 
 namespace gpurun {
 namespace {
@@ -41,17 +41,6 @@ std::string join(const std::string& dir, const std::string& name) {
 std::string pid_string() { return std::to_string(::getpid()); }
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
-
-// ckpt-* folders that readers consider; NAME.damaged, NAME.damaged.N are set aside for good.
-bool is_checkpoint_folder_name(const std::string& name) {
-  return starts_with(name, "ckpt-") && name.find(".damaged") == std::string::npos;
-}
-
-int64_t step_from_name(const std::string& name) {
-  long long epoch = 0, step = 0;
-  if (std::sscanf(name.c_str(), "ckpt-e%lld-s%lld", &epoch, &step) == 2) return step;
-  return -1;
-}
 
 // A file name inside a checkpoint folder: one plain path component.
 bool is_plain_name(const std::string& name) {
@@ -122,107 +111,140 @@ T get_field(const json& m, const char* key) {
 
 enum class Check { kSizes, kChecksums };
 
-// Reads DIR/NAME/manifest.json and checks every listed file: its size, and with kChecksums its
-// xxh3 (each file is read once; with `keep` its bytes are kept). What is wrong goes to
-// `problem`. A missing file is a problem; any other I/O error (EIO after retries, EACCES) is
-// thrown, because the storage failing says nothing about the checkpoint being damaged.
-CheckpointInfo examine(const std::string& path, Check check, Files* keep) {
+// "model.pt: cannot be read (read DIR/model.pt: Input/output error (errno 5))", or the
+// IoError rethrown, as `read_errors` says.
+std::string unreadable(const std::string& name, const IoError& e, ReadErrors read_errors) {
+  if (read_errors == ReadErrors::kThrow) throw e;
+  return name + ": cannot be read (" + e.what() + ")";
+}
+
+// Reads and checks PATH/manifest.json into `info` (manifest, epoch, global step). Returns the
+// problem that makes the checkpoint incomplete, "" when the manifest is usable.
+std::string read_manifest(const std::string& path, ReadErrors read_errors, CheckpointInfo& info) {
+  const std::string manifest_path = join(path, kManifest);
+  std::string text;
+  try {
+    const fs::FileStatus status = fs::status(manifest_path);
+    if (status.size < 0) return "manifest.json missing";
+    if (!status.regular) return "manifest.json: not a regular file";
+    text = fs::read_file(manifest_path);
+  } catch (const IoError& e) {
+    if (e.error_number() == ENOENT) return "manifest.json missing";
+    return unreadable(kManifest, e, read_errors);
+  }
+  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded()) {
+    return "manifest.json: not valid JSON (" + std::to_string(text.size()) + " bytes)";
+  }
+  if (!m.is_object()) return "manifest.json: not a JSON object";
+  info.manifest = m;
+  const auto epoch = m.find("epoch");
+  if (epoch != m.end() && epoch->is_number_integer()) info.epoch = epoch->get<int64_t>();
+  const auto version = m.find("format_version");
+  if (version == m.end() || !version->is_number_integer()) {
+    return "manifest.json: no integer format_version";
+  }
+  if (version->get<int64_t>() > kCheckpointFormatVersion) {
+    return "manifest.json: format_version " + std::to_string(version->get<int64_t>()) +
+           " is newer than the " + std::to_string(kCheckpointFormatVersion) + " this gpurun reads";
+  }
+  try {
+    info.global_step = meta_from_manifest(m).global_step;
+  } catch (const ResumeError& e) {
+    return e.what();
+  }
+  const auto files = m.find("files");
+  if (files == m.end() || !files->is_object()) return "manifest.json: no files table";
+  return "";
+}
+
+// Checks the file `name` of the checkpoint folder `path` against its manifest `entry`: its
+// size, and with kChecksums its xxh3 (the file is read once; with `keep` its bytes are appended
+// there). Adds its size to `bytes`. Returns the problem, "" when it matches.
+std::string check_file(const std::string& path, const std::string& name, const json& entry,
+                       Check check, ReadErrors read_errors, Files* keep, int64_t& bytes) {
+  if (!is_plain_name(name) || name == kManifest)
+    return "manifest.json: bad file name '" + name + "'";
+  const auto want_bytes = entry.find("bytes");
+  const auto want_xxh3 = entry.find("xxh3");
+  if (!entry.is_object() || want_bytes == entry.end() || !want_bytes->is_number_integer() ||
+      want_xxh3 == entry.end() || !want_xxh3->is_string()) {
+    return "manifest.json: bad entry for " + name;
+  }
+  const std::string file_path = join(path, name);
+  const int64_t want = want_bytes->get<int64_t>();
+  int64_t size = 0;
+  std::string data, got;
+  try {
+    // Before any read: a directory or a FIFO where a file belongs is damage (and a FIFO would
+    // block the read).
+    const fs::FileStatus status = fs::status(file_path);
+    if (status.size >= 0 && !status.regular) return name + ": not a regular file";
+    if (check == Check::kSizes) {
+      size = status.size;
+    } else if (!keep) {
+      std::tie(size, got) = hash_file(file_path);
+    } else {
+      data = fs::read_file(file_path);
+      size = static_cast<int64_t>(data.size());
+    }
+  } catch (const IoError& e) {
+    if (e.error_number() != ENOENT) return unreadable(name, e, read_errors);
+    size = -1;
+  }
+  if (size < 0) return name + ": missing";
+  bytes += size;
+  if (size != want) {
+    return name + ": size " + std::to_string(size) + " != " + std::to_string(want) + " in manifest";
+  }
+  if (check == Check::kChecksums) {
+    if (keep) got = xxh3_hex(data);
+    if (got != want_xxh3->get<std::string>()) {
+      return name + ": xxh3 mismatch (file " + got + ", manifest " + want_xxh3->get<std::string>() +
+             ")";
+    }
+    if (keep) keep->emplace_back(name, std::move(data));
+  }
+  return "";
+}
+
+// Reads DIR/NAME/manifest.json and checks every file it lists (check_file). What is wrong goes
+// to `problem`. A missing file, or one that is not a regular file, is a problem; other I/O
+// errors (EIO after retries, EACCES) are a problem or thrown, as `read_errors` says.
+CheckpointInfo examine(const std::string& path, Check check, ReadErrors read_errors, Files* keep) {
   CheckpointInfo info;
   stdfs::path p = stdfs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   info.path = path;
   info.name = p.filename().string();
-  info.global_step = step_from_name(info.name);
+  if (const auto parsed = parse_checkpoint_name(info.name)) {
+    info.epoch = parsed->epoch;
+    info.global_step = parsed->global_step;
+  }
+  info.problem = read_manifest(path, read_errors, info);
+  if (!info.problem.empty()) return info;
 
-  const auto fail = [&info](std::string problem) {
-    info.problem = std::move(problem);
-    return info;
-  };
-  std::string text;
-  try {
-    text = fs::read_file(join(path, kManifest));
-  } catch (const IoError& e) {
-    if (e.error_number() != ENOENT) throw;
-    return fail("manifest.json missing");
-  }
-  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded()) {
-    return fail("manifest.json: not valid JSON (" + std::to_string(text.size()) + " bytes)");
-  }
-  if (!m.is_object()) return fail("manifest.json: not a JSON object");
-  info.manifest = m;
-  const auto version = m.find("format_version");
-  if (version == m.end() || !version->is_number_integer()) {
-    return fail("manifest.json: no integer format_version");
-  }
-  if (version->get<int64_t>() > kCheckpointFormatVersion) {
-    return fail("manifest.json: format_version " + std::to_string(version->get<int64_t>()) +
-                " is newer than the " + std::to_string(kCheckpointFormatVersion) +
-                " this gpurun reads");
-  }
-  try {
-    info.global_step = meta_from_manifest(m).global_step;
-  } catch (const ResumeError& e) {
-    return fail(e.what());
-  }
-  const auto files = m.find("files");
-  if (files == m.end() || !files->is_object()) return fail("manifest.json: no files table");
-
-  std::vector<std::string> problems;
-  for (const auto& [name, entry] : files->items()) {
-    if (!is_plain_name(name) || name == kManifest) {
-      problems.push_back("manifest.json: bad file name '" + name + "'");
-      continue;
-    }
-    const auto bytes = entry.find("bytes");
-    const auto xxh3 = entry.find("xxh3");
-    if (!entry.is_object() || bytes == entry.end() || !bytes->is_number_integer() ||
-        xxh3 == entry.end() || !xxh3->is_string()) {
-      problems.push_back("manifest.json: bad entry for " + name);
-      continue;
-    }
-    const std::string file_path = join(path, name);
-    const int64_t want = bytes->get<int64_t>();
-    int64_t size = 0;
-    std::string data, got;
-    if (check == Check::kSizes) {
-      size = fs::file_size(file_path);
-    } else if (!keep) {
-      std::tie(size, got) = hash_file(file_path);
-    } else {
-      try {
-        data = fs::read_file(file_path);
-        size = static_cast<int64_t>(data.size());
-      } catch (const IoError& e) {
-        if (e.error_number() != ENOENT) throw;
-        size = -1;
-      }
-    }
-    if (size < 0) {
-      problems.push_back(name + ": missing");
-      continue;
-    }
-    info.bytes += size;
-    if (size != want) {
-      problems.push_back(name + ": size " + std::to_string(size) + " != " + std::to_string(want) +
-                         " in manifest");
-      continue;
-    }
-    if (check == Check::kChecksums) {
-      if (keep) got = xxh3_hex(data);
-      if (got != xxh3->get<std::string>()) {
-        problems.push_back(name + ": xxh3 mismatch (file " + got + ", manifest " +
-                           xxh3->get<std::string>() + ")");
-        continue;
-      }
-      if (keep) keep->emplace_back(name, std::move(data));
-    }
-  }
-  for (const auto& problem : problems) {
-    info.problem += (info.problem.empty() ? "" : "; ") + problem;
+  for (const auto& [name, entry] : info.manifest.at("files").items()) {
+    const std::string problem = check_file(path, name, entry, check, read_errors, keep, info.bytes);
+    if (!problem.empty()) info.problem += (info.problem.empty() ? "" : "; ") + problem;
   }
   info.complete = info.problem.empty();
   return info;
+}
+
+// The files table of a new checkpoint's manifest: {name: {bytes, xxh3}}. Throws
+// std::invalid_argument for a file name that is not one plain path component, the manifest's
+// own name, or a duplicate.
+json hash_files(const Files& snapshot_files) {
+  std::set<std::string> seen;
+  json files = json::object();
+  for (const auto& [name, bytes] : snapshot_files) {
+    if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
+      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
+    }
+    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
+  }
+  return files;
 }
 
 // The manifest of a new checkpoint; format_version first, as the first thing a reader checks.
@@ -277,6 +299,33 @@ std::string checkpoint_name(int64_t epoch, int64_t global_step) {
   return buf;
 }
 
+std::optional<CheckpointName> parse_checkpoint_name(const std::string& name) {
+  long long epoch = 0, step = 0;
+  if (std::sscanf(name.c_str(), "ckpt-e%lld-s%lld", &epoch, &step) != 2) return std::nullopt;
+  return CheckpointName{epoch, step};
+}
+
+bool is_checkpoint_folder_name(const std::string& name) {
+  return starts_with(name, "ckpt-") && name.find(".damaged") == std::string::npos;
+}
+
+bool LatestFile::names(const std::string& checkpoint) const {
+  return state == State::kPresent && name == checkpoint;
+}
+
+std::string LatestFile::describe() const {
+  switch (state) {
+    case State::kMissing:
+      return "LATEST is missing";
+    case State::kUnreadable:
+      return "LATEST cannot be read (" + error + ")";
+    case State::kPresent:
+      break;
+  }
+  if (name.empty()) return "LATEST is empty";
+  return "LATEST names " + printable_quoted(name);
+}
+
 const std::string& LoadedCheckpoint::file(const std::string& name) const {
   for (const auto& [file_name, bytes] : files) {
     if (file_name == name) return bytes;
@@ -304,8 +353,71 @@ CheckpointMeta meta_from_manifest(const nlohmann::json& manifest) {
   return meta;
 }
 
+CheckpointView::CheckpointView(std::string dir, ReadErrors read_errors)
+    : dir_(std::move(dir)), read_errors_(read_errors) {}
+
+std::vector<CheckpointInfo> CheckpointView::list(bool verify) const {
+  std::vector<CheckpointInfo> out;
+  for (const auto& name : checkpoint_folders(dir_)) {
+    out.push_back(examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes,
+                          read_errors_, nullptr));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
+  });
+  return out;
+}
+
+bool CheckpointView::has_checkpoints() const { return !checkpoint_folders(dir_).empty(); }
+
+std::optional<CheckpointInfo> CheckpointView::newest_complete() const {
+  const std::vector<CheckpointInfo> all = list(/*verify=*/false);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    CheckpointInfo info =
+        it->complete ? examine(it->path, Check::kChecksums, read_errors_, nullptr) : *it;
+    if (info.complete) return info;
+    spdlog::warn("skipping {}, which does not verify ({}); trying the previous checkpoint",
+                 printable(info.name), info.problem);
+  }
+  return std::nullopt;
+}
+
+const CheckpointInfo* CheckpointView::newest_complete(const std::vector<CheckpointInfo>& infos) {
+  for (auto it = infos.rbegin(); it != infos.rend(); ++it) {
+    if (it->complete) return &*it;
+  }
+  return nullptr;
+}
+
+LatestFile CheckpointView::latest() const {
+  LatestFile latest;
+  try {
+    latest.name = fs::read_file(join(dir_, kLatest));
+    latest.name.erase(latest.name.find_last_not_of(" \t\r\n") + 1);
+    latest.state = LatestFile::State::kPresent;
+  } catch (const IoError& e) {
+    if (e.error_number() != ENOENT) {
+      latest.state = LatestFile::State::kUnreadable;
+      latest.error = e.what();
+    }
+  }
+  return latest;
+}
+
+bool CheckpointView::is_checkpoint_folder(const std::string& path) {
+  stdfs::path p = stdfs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  std::error_code ec;
+  return starts_with(p.filename().string(), "ckpt-") || stdfs::exists(p / kManifest, ec);
+}
+
+CheckpointInfo CheckpointView::inspect(const std::string& folder, bool verify,
+                                       ReadErrors read_errors) {
+  return examine(folder, verify ? Check::kChecksums : Check::kSizes, read_errors, nullptr);
+}
+
 CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
-    : dir_(std::move(dir)), keep_last_(keep_last) {
+    : dir_(std::move(dir)), keep_last_(keep_last), view_(dir_, ReadErrors::kThrow) {
   if (keep_last_ < 1) {
     throw std::invalid_argument("checkpoint keep_last must be >= 1, got " +
                                 std::to_string(keep_last_));
@@ -313,33 +425,36 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 }
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
-  std::set<std::string> seen;
-  json files = json::object();
-  SaveResult result;
-  for (const auto& [name, bytes] : snapshot.files) {
-    if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
-      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
-    }
-    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
-    result.bytes += static_cast<int64_t>(bytes.size());
-  }
+  const json files = hash_files(snapshot.files);
   const auto start = std::chrono::steady_clock::now();
   const int64_t attempt = ++saves_;
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
-  const std::string final_path = join(dir_, name);
-  result.path = final_path;
+  SaveResult result;
+  result.path = join(dir_, name);
   fs::make_dirs(dir_);
+  result.bytes = write_folder(name, snapshot, files, attempt);
 
+  // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
+  // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.
+  fault_point("before_latest", attempt);
+  fs::replace_file(join(dir_, kLatest), name + "\n");
+  result.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.removed = apply_retention(name);
+  return result;
+}
+
+int64_t CheckpointStore::write_folder(const std::string& name, const CheckpointSnapshot& snapshot,
+                                      const json& files, int64_t attempt) {
+  const std::string final_path = join(dir_, name);
   // The same name exists when a resumed run saves the step it resumed from. A complete
   // checkpoint is never overwritten: that step's state is already safe on disk, and replacing
   // it could not be atomic on NFS. A folder that does not verify is not a checkpoint; it is
   // replaced.
-  bool keep_existing = false;
   if (fs::exists(final_path)) {
-    const CheckpointInfo existing = examine(final_path, Check::kChecksums, nullptr);
+    const CheckpointInfo existing =
+        examine(final_path, Check::kChecksums, ReadErrors::kThrow, nullptr);
     if (existing.complete) {
-      keep_existing = true;
-      result.bytes = existing.bytes;
       if (existing.manifest.at("files") == files) {
         spdlog::info("checkpoint {} already exists with the same files; keeping it", name);
       } else {
@@ -348,45 +463,43 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
             "the existing one (a complete checkpoint is never overwritten)",
             name);
       }
+      return existing.bytes;
     }
   }
 
-  if (!keep_existing) {
-    const std::string tmp = join(dir_, ".tmp-" + name + "-" + pid_string());
-    try {
-      fs::remove_all(tmp);  // left by an earlier process that had the same pid
-      fs::make_dirs(tmp);
-      for (const auto& [file_name, bytes] : snapshot.files) {
-        fs::write_file(join(tmp, file_name), bytes);
-      }
-      fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
-      fs::sync_dir(tmp);
-      fault_point("before_rename", attempt);
-      if (fs::exists(final_path)) {
-        spdlog::warn("replacing {}, which does not verify", final_path);
-        delete_folder(dir_, name);
-      }
-      fs::rename_durable(tmp, final_path);
-    } catch (...) {
-      try {
-        fs::remove_all(tmp);
-      } catch (const std::exception& e) {
-        spdlog::warn("could not remove the temporary folder of a failed save: {}", e.what());
-      }
-      throw;
-    }
-  }
-
-  // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
-  // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.
-  fault_point("before_latest", attempt);
-  fs::replace_file(join(dir_, kLatest), name + "\n");
-  result.write_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  // Retention. Its failures are logged, not thrown: the new checkpoint is complete.
+  const std::string tmp = join(dir_, ".tmp-" + name + "-" + pid_string());
   try {
-    const std::vector<CheckpointInfo> all = list(false);
+    fs::remove_all(tmp);  // left by an earlier process that had the same pid
+    fs::make_dirs(tmp);
+    int64_t bytes = 0;
+    for (const auto& [file_name, data] : snapshot.files) {
+      fs::write_file(join(tmp, file_name), data);
+      bytes += static_cast<int64_t>(data.size());
+    }
+    fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
+    fs::sync_dir(tmp);
+    fault_point("before_rename", attempt);
+    if (fs::exists(final_path)) {
+      spdlog::warn("replacing {}, which does not verify", final_path);
+      delete_folder(dir_, name);
+    }
+    fs::rename_durable(tmp, final_path);
+    return bytes;
+  } catch (...) {
+    try {
+      fs::remove_all(tmp);
+    } catch (const std::exception& e) {
+      spdlog::warn("could not remove the temporary folder of a failed save: {}", e.what());
+    }
+    throw;
+  }
+}
+
+std::vector<std::string> CheckpointStore::apply_retention(const std::string& just_written) {
+  // Its failures are logged, not thrown: the new checkpoint is complete.
+  std::vector<std::string> removed;
+  try {
+    const std::vector<CheckpointInfo> all = view_.list(/*verify=*/false);
     std::vector<const CheckpointInfo*> complete;
     for (const auto& info : all) {
       if (info.complete) complete.push_back(&info);
@@ -399,10 +512,10 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
       if (!info.complete && info.global_step < newest_step) doomed.push_back(&info);
     }
     for (const CheckpointInfo* info : doomed) {
-      if (info->name == name) continue;
+      if (info->name == just_written) continue;
       try {
         delete_folder(dir_, info->name);
-        result.removed.push_back(info->name);
+        removed.push_back(info->name);
         spdlog::info("retention: removed {}{}", info->name,
                      info->complete ? "" : " (incomplete: " + info->problem + ")");
       } catch (const std::exception& e) {
@@ -412,42 +525,29 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
   } catch (const std::exception& e) {
     spdlog::warn("retention skipped: {}", e.what());
   }
-  return result;
+  return removed;
 }
-
-std::vector<CheckpointInfo> CheckpointStore::list(bool verify) const {
-  std::vector<CheckpointInfo> out;
-  for (const auto& name : checkpoint_folders(dir_)) {
-    out.push_back(examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes, nullptr));
-  }
-  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
-    return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
-  });
-  return out;
-}
-
-bool CheckpointStore::has_checkpoints() const { return !checkpoint_folders(dir_).empty(); }
 
 std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
-  const std::vector<CheckpointInfo> all = list(false);
+  const std::vector<CheckpointInfo> all = view_.list(/*verify=*/false);
   if (all.empty()) {
     // Only checkpoints set aside as damaged (by an earlier resume): starting fresh would
     // silently throw that run away, the more so in a restart loop. A person decides.
     std::vector<std::string> aside;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("ckpt-", 0) == 0 && name.find(".damaged") != std::string::npos)
-        aside.push_back(name);
+    for (const auto& name : fs::list_dir(dir_)) {
+      if (starts_with(name, "ckpt-") && !is_checkpoint_folder_name(name)) aside.push_back(name);
     }
     if (aside.empty()) return std::nullopt;
-    std::sort(aside.begin(), aside.end());
-    std::string message = "no complete checkpoint in " + dir_ + ", only checkpoints set aside as "
+    std::string message = "no complete checkpoint in " + dir_ +
+                          ", only checkpoints set aside as "
                           "damaged by an earlier resume:";
-    for (const auto& name : aside) message += "\n  " + name;
-    throw ResumeError(message + "\nrefusing to start over and lose that run; check the storage "
-                                "(`gpurun ckpt list " + dir_ + "`), then move them away or use "
-                                "a new --ckpt directory to start fresh");
+    for (const auto& name : aside) message += "\n  " + printable(name);
+    throw ResumeError(message +
+                      "\nrefusing to start over and lose that run; check the storage "
+                      "(`gpurun ckpt list " +
+                      dir_ +
+                      "`), then move them away or use "
+                      "a new --ckpt directory to start fresh");
   }
 
   // Newest first. Every candidate newer than the one finally loaded failed verification and
@@ -458,7 +558,7 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
     std::string problem = it->problem;
     if (problem.empty()) {
       Files files;
-      CheckpointInfo info = examine(it->path, Check::kChecksums, &files);
+      CheckpointInfo info = examine(it->path, Check::kChecksums, ReadErrors::kThrow, &files);
       if (info.complete) {
         CheckpointMeta meta = meta_from_manifest(info.manifest);
         loaded = LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
@@ -483,16 +583,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
   }
 
   // LATEST is a hint for people and scripts; the newest verifying checkpoint decides.
-  std::string latest;
-  try {
-    latest = fs::read_file(join(dir_, kLatest));
-    latest.erase(latest.find_last_not_of(" \t\r\n") + 1);
-  } catch (const IoError& e) {
-    if (e.error_number() != ENOENT) spdlog::warn("cannot read LATEST: {}", e.what());
-  }
-  if (latest != loaded->info.name) {
-    spdlog::warn("LATEST names '{}', but the newest complete checkpoint is {}; using {}", latest,
-                 loaded->info.name, loaded->info.name);
+  const LatestFile latest = view_.latest();
+  if (!latest.names(loaded->info.name)) {
+    spdlog::warn("{}, but the newest complete checkpoint is {}; using it and correcting LATEST",
+                 latest.describe(), loaded->info.name);
     try {
       fs::replace_file(join(dir_, kLatest), loaded->info.name + "\n");
     } catch (const IoError& e) {
@@ -504,14 +598,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
 
 LoadedCheckpoint CheckpointStore::load(const std::string& path) {
   Files files;
-  CheckpointInfo info = examine(path, Check::kChecksums, &files);
+  CheckpointInfo info = examine(path, Check::kChecksums, ReadErrors::kThrow, &files);
   if (!info.complete) throw ResumeError("checkpoint " + path + " does not verify: " + info.problem);
   CheckpointMeta meta = meta_from_manifest(info.manifest);
   return LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
-}
-
-CheckpointInfo CheckpointStore::inspect(const std::string& path, bool verify) {
-  return examine(path, verify ? Check::kChecksums : Check::kSizes, nullptr);
 }
 
 void CheckpointStore::clean_temporaries() {

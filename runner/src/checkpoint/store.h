@@ -1,4 +1,4 @@
-// The checkpoint directory protocol of design.md ("Checkpoint directory"):
+// The checkpoint directory protocol of docs/architecture.md ("Checkpoint directory"):
 //
 //   DIR/LATEST                   name of the newest complete checkpoint, replaced atomically, last
 //   DIR/ckpt-e0003-s0000450/     one complete checkpoint: manifest.json + data files
@@ -31,12 +31,12 @@ struct CheckpointMeta {
   int64_t global_step = 0;        ///< optimizer steps completed
   int64_t position_in_epoch = 0;  ///< samples of `epoch`'s permutation already consumed
   int64_t world_size = 1;
-  std::string config_hash;        ///< config_hash() of the run's config
-  nlohmann::json config;          ///< config_to_json() of the run's config
+  std::string config_hash;                         ///< config_hash() of the run's config
+  nlohmann::json config;                           ///< config_to_json() of the run's config
   nlohmann::json plan = nlohmann::json::object();  ///< the memory plan in force
-  std::string model_digest;       ///< model_digest() of the weights, 16 hex digits
-  int64_t threads = 0;            ///< intra-op threads used (determinism)
-  std::string cpu_capability;     ///< LibTorch's CPU vector capability (determinism)
+  std::string model_digest;                        ///< model_digest() of the weights, 16 hex digits
+  int64_t threads = 0;                             ///< intra-op threads used (determinism)
+  std::string cpu_capability;  ///< LibTorch's CPU vector capability (determinism)
   nlohmann::json extra = nlohmann::json::object();  ///< free-form, kept as is
 };
 
@@ -49,11 +49,12 @@ struct CheckpointSnapshot {
 
 /// A checkpoint found on disk.
 struct CheckpointInfo {
-  std::string name;  ///< folder name, e.g. ckpt-e0001-s0000120
-  std::string path;  ///< DIR/name
+  std::string name;          ///< folder name, e.g. ckpt-e0001-s0000120
+  std::string path;          ///< DIR/name
   bool complete = false;     ///< manifest present and every file's size and xxh3 match
   std::string problem;       ///< why it is not complete ("model.pt: checksum mismatch")
   nlohmann::json manifest;   ///< parsed manifest.json when readable, else null
+  int64_t epoch = -1;        ///< from the manifest, or from the name when it is unreadable
   int64_t global_step = -1;  ///< from the manifest, or from the name when it is unreadable
   int64_t bytes = 0;         ///< total size of its files
 };
@@ -71,12 +72,98 @@ struct LoadedCheckpoint {
 struct SaveResult {
   std::string path;
   int64_t bytes = 0;
-  double write_seconds = 0;  ///< wall time from the first write to LATEST replaced
+  double write_seconds = 0;          ///< wall time from the first write to LATEST replaced
   std::vector<std::string> removed;  ///< checkpoints deleted by retention
 };
 
 /// "ckpt-e0003-s0000450" for epoch 3, global step 450.
 std::string checkpoint_name(int64_t epoch, int64_t global_step);
+
+/// The epoch and global step a checkpoint folder's name carries.
+struct CheckpointName {
+  int64_t epoch = 0;
+  int64_t global_step = 0;
+};
+
+/// Parses a name as checkpoint_name() writes it, also with a suffix (NAME.damaged):
+/// "ckpt-e0003-s0000450" gives {3, 450}. nullopt for a name of another form.
+std::optional<CheckpointName> parse_checkpoint_name(const std::string& name);
+
+/// True for the folder names readers consider checkpoints: ckpt-*, except those set aside for
+/// good as damaged (NAME.damaged, NAME.damaged.N).
+bool is_checkpoint_folder_name(const std::string& name);
+
+/// What DIR/LATEST holds. LATEST is a hint for people and scripts: the newest complete
+/// checkpoint is decided by verified manifests, never by LATEST.
+struct LatestFile {
+  enum class State { kMissing, kUnreadable, kPresent };
+  State state = State::kMissing;
+  /// kPresent: the file's bytes without trailing whitespace, as they are (possibly garbage:
+  /// print describe(), never this).
+  std::string name;
+  std::string error;  ///< kUnreadable: why (the IoError's message)
+
+  /// True when LATEST is present and names `checkpoint`.
+  bool names(const std::string& checkpoint) const;
+  /// For messages, with every byte a terminal would act on escaped (\x00, \xff, \n):
+  /// `LATEST names "ckpt-e0001-s0000010"`, `LATEST is missing`, `LATEST is empty` or
+  /// `LATEST cannot be read (...)`.
+  std::string describe() const;
+};
+
+/// How a read-only view treats a file that exists but cannot be read (EACCES, or EIO after the
+/// retries of fs.h). A file that is not a regular file (a directory where model.pt belongs) is
+/// always a problem of its checkpoint: that is damage, not a failing storage.
+enum class ReadErrors {
+  kReport,  ///< as that checkpoint's problem ("model.pt: cannot be read (...)"): commands that
+            ///< report on a directory (ckpt, export) go on to the other checkpoints
+  kThrow,   ///< as IoError: a resume must not set a good checkpoint aside because the storage
+            ///< failed for a moment
+};
+
+/// A read-only view of a checkpoint directory (the layout at the top of this file): what is
+/// there, what verifies, what LATEST says. It never writes, renames or deletes anything, so it
+/// is safe on a directory a live run is writing. The one reader of that layout: the store
+/// itself, `gpurun ckpt` and `gpurun export` all go through it.
+class CheckpointView {
+ public:
+  /// A view of the checkpoint root `dir` (which need not exist: it then holds nothing).
+  explicit CheckpointView(std::string dir, ReadErrors read_errors = ReadErrors::kReport);
+
+  const std::string& dir() const { return dir_; }
+
+  /// Every ckpt-* folder (damaged and .tmp-* excluded), oldest first by global step. With
+  /// `verify`, each file's checksum is checked; without, only sizes against the manifest.
+  /// Throws IoError when DIR cannot be listed, or (kThrow) a file cannot be read.
+  std::vector<CheckpointInfo> list(bool verify) const;
+
+  /// True when DIR holds at least one ckpt-* folder (complete or not). Throws IoError.
+  bool has_checkpoints() const;
+
+  /// The newest checkpoint whose checksums verify; each newer one that does not is logged as
+  /// a warning ("skipping NAME, which does not verify (PROBLEM)") and left where it is.
+  /// nullopt when none verifies. Reads only as far back as needed. Throws IoError as list().
+  std::optional<CheckpointInfo> newest_complete() const;
+
+  /// The newest complete entry of `infos` (sorted as list() returns them), or null.
+  static const CheckpointInfo* newest_complete(const std::vector<CheckpointInfo>& infos);
+
+  /// DIR/LATEST; kUnreadable rather than a throw when it exists but cannot be read.
+  LatestFile latest() const;
+
+  /// True when `path` is one checkpoint folder rather than a checkpoint root: its name starts
+  /// with ckpt- (NAME.damaged included) or it holds a manifest.json.
+  static bool is_checkpoint_folder(const std::string& path);
+
+  /// Examines one checkpoint folder: its manifest, and every file's size (and with `verify`
+  /// its xxh3). Throws IoError as list().
+  static CheckpointInfo inspect(const std::string& folder, bool verify,
+                                ReadErrors read_errors = ReadErrors::kReport);
+
+ private:
+  std::string dir_;
+  ReadErrors read_errors_;
+};
 
 /// A checkpoint directory. Not thread-safe: one writer at a time (the trainer guarantees it).
 class CheckpointStore {
@@ -86,18 +173,20 @@ class CheckpointStore {
 
   const std::string& dir() const { return dir_; }
 
+  /// What DIR holds, read-only. A file that cannot be read throws IoError (ReadErrors::kThrow).
+  const CheckpointView& view() const { return view_; }
+
   /// Writes `snapshot` as described at the top of this file, then deletes the oldest complete
   /// checkpoints beyond keep_last (never the one just written). Transient storage errors are
   /// retried; on failure the temporary folder is removed and IoError is thrown, leaving every
   /// complete checkpoint and LATEST as they were.
   SaveResult save(const CheckpointSnapshot& snapshot);
 
-  /// Every ckpt-* folder (damaged and .tmp-* excluded), oldest first by global step. With
-  /// `verify`, each file's checksum is checked; without, only the manifest's presence.
-  std::vector<CheckpointInfo> list(bool verify) const;
+  /// view().list(verify).
+  std::vector<CheckpointInfo> list(bool verify) const { return view_.list(verify); }
 
-  /// True when DIR holds at least one ckpt-* folder (complete or not).
-  bool has_checkpoints() const;
+  /// view().has_checkpoints().
+  bool has_checkpoints() const { return view_.has_checkpoints(); }
 
   /// The newest complete checkpoint, checksums verified. A newest one that fails
   /// verification is renamed to NAME.damaged (so it is never loaded again), a warning is
@@ -108,15 +197,22 @@ class CheckpointStore {
   /// Loads one checkpoint folder (a ckpt-* path), verifying it; throws ResumeError.
   static LoadedCheckpoint load(const std::string& path);
 
-  /// Verifies one checkpoint folder without loading its data into the caller.
-  static CheckpointInfo inspect(const std::string& path, bool verify);
-
   /// Removes leftover .tmp-* folders (from a writer killed mid-save).
   void clean_temporaries();
 
  private:
+  /// Writes the folder `name` of `snapshot` with the manifest's `files` table, unless a
+  /// complete checkpoint of that name is there already (then kept, and its bytes returned).
+  /// Returns the bytes on disk.
+  int64_t write_folder(const std::string& name, const CheckpointSnapshot& snapshot,
+                       const nlohmann::json& files, int64_t attempt);
+  /// Deletes the complete checkpoints beyond keep_last and the incomplete ones older than the
+  /// newest complete one, never `just_written`; logs failures. Returns the names removed.
+  std::vector<std::string> apply_retention(const std::string& just_written);
+
   std::string dir_;
   int64_t keep_last_;
+  CheckpointView view_;
   int64_t saves_ = 0;  ///< saves started, for the test-only fault points (faults.h)
 };
 

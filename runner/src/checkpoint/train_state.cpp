@@ -1,6 +1,5 @@
 #include "checkpoint/train_state.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
@@ -8,11 +7,11 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <mutex>
 #include <sstream>
 
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
+#include "util/rng.h"
 
 namespace gpurun {
 
@@ -46,18 +45,6 @@ std::string cpu_capability() {
   return config.substr(pos + key.size(), end - pos - key.size());
 }
 
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_cpu_rng_state(const at::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 namespace {
 std::string rng_key(int rank) {
   return rank == 0 ? "cpu_rng_state" : "cpu_rng_state.rank" + std::to_string(rank);
@@ -75,7 +62,7 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::O
     optimizer.save(archive);
     archive.save_to(optim);
   }
-  NamedTensors trainer{{rng_key(0), cpu_rng_state()}};
+  NamedTensors trainer{{rng_key(0), rng_state(default_generator(at::kCPU))}};
   for (size_t r = 0; r < rank_rng_states.size(); ++r)
     trainer.emplace_back(rng_key(static_cast<int>(r) + 1), rank_rng_states[r]);
   meta.model_digest = model_digest(model);
@@ -116,7 +103,7 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
   for (const auto& [name, tensor] :
        unpickle_tensors(checkpoint.file("trainer.pt"), where + "/trainer.pt")) {
     if (name != rng_key(rank)) continue;
-    set_cpu_rng_state(tensor);
+    set_rng_state(default_generator(at::kCPU), tensor);
     return true;
   }
   return false;

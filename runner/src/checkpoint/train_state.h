@@ -27,8 +27,8 @@ NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what)
 
 /// Host copies of the model, optimizer and RNG state, serialized into checkpoint files;
 /// `meta` gets the model digest, thread count and CPU capability filled in. In a distributed
-/// run `rank_rng_states` holds the other ranks' generator states (cpu_rng_state() of rank
-/// 1, 2, ...), stored in trainer.pt as "cpu_rng_state.rank<R>".
+/// run `rank_rng_states` holds the other ranks' generator states (rng_state() of the CPU
+/// generator of rank 1, 2, ...; util/rng.h), stored in trainer.pt as "cpu_rng_state.rank<R>".
 CheckpointSnapshot capture_state(const torch::nn::Module& model,
                                  torch::optim::Optimizer& optimizer, CheckpointMeta meta,
                                  const std::vector<at::Tensor>& rank_rng_states = {});
@@ -40,10 +40,6 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
 /// Throws ResumeError when a tensor is missing or has another shape, naming it.
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank = 0);
-
-/// The global CPU generator's state (uint8 tensor), and its inverse.
-at::Tensor cpu_rng_state();
-void set_cpu_rng_state(const at::Tensor& state);
 
 /// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).
 std::string cpu_capability();

@@ -156,29 +156,50 @@ json value_json(const Field& f) {
 
 bool plain(const YAML::Node& n) { return n.IsScalar() && n.Tag() != "!"; }  // not quoted
 
-std::optional<int64_t> to_int(const YAML::Node& n) {
+/// A plain decimal integer that fits in int64_t; nullopt otherwise. `out_of_range`, when
+/// given, is set to whether `n` is written as an integer but does not fit.
+std::optional<int64_t> to_int(const YAML::Node& n, bool* out_of_range = nullptr) {
+  if (out_of_range) *out_of_range = false;
   if (!plain(n)) return std::nullopt;
   const std::string& s = n.Scalar();
   const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
   const char* end = s.data() + s.size();
   int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(begin, end, v);
-  if (begin == end || (*begin == '-' && begin != s.data()) || ec != std::errc() || ptr != end) {
+  const bool integer = begin != end && !(*begin == '-' && begin != s.data()) && ptr == end;
+  if (!integer || ec != std::errc()) {
+    if (out_of_range) *out_of_range = integer && ec == std::errc::result_out_of_range;
     return std::nullopt;
   }
   return v;
 }
 
-// YAML floats (1e-3, 0.5, 3) in the C locale; nan and inf are refused.
-std::optional<double> to_double(const YAML::Node& n) {
+// YAML floats (1e-3, 0.5, 3) in the C locale; nan and inf are refused. `out_of_range`, when
+// given, is set to whether `n` is written as a number beyond a double's range (1e999, 1e-999).
+std::optional<double> to_double(const YAML::Node& n, bool* out_of_range = nullptr) {
+  if (out_of_range) *out_of_range = false;
   if (!plain(n)) return std::nullopt;
   const std::string& s = n.Scalar();
   const char* begin = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
   const char* end = s.data() + s.size();
   double v = 0;
   const auto [ptr, ec] = std::from_chars(begin, end, v);
-  if (begin == end || ec != std::errc() || ptr != end || !std::isfinite(v)) return std::nullopt;
+  if (begin == end || ec != std::errc() || ptr != end || !std::isfinite(v)) {
+    if (out_of_range)
+      *out_of_range = begin != end && ptr == end && ec == std::errc::result_out_of_range;
+    return std::nullopt;
+  }
   return v;
+}
+
+/// The integers `limit` admits within int64_t, as "from 1 to 9223372036854775807".
+std::string integer_range(const Limit& limit) {
+  int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  if (std::isfinite(limit.lo))
+    lo = static_cast<int64_t>(limit.lo_open ? std::floor(limit.lo) + 1 : std::ceil(limit.lo));
+  if (std::isfinite(limit.hi))
+    hi = static_cast<int64_t>(limit.hi_open ? std::ceil(limit.hi) - 1 : std::floor(limit.hi));
+  return "from " + std::to_string(lo) + " to " + std::to_string(hi);
 }
 
 std::optional<bool> to_bool(const YAML::Node& n) {
@@ -214,13 +235,23 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
   const auto range_error = [&](const std::string& got) {
     return name + " must be " + limit.describe() + ", got " + got;
   };
+  // A number too large for its type is not of a wrong type but beyond any limit.
+  bool out_of_range = false;
   if (auto* i = std::get_if<int64_t*>(&f)) {
-    const auto v = to_int(n);
+    const auto v = to_int(n, &out_of_range);
+    if (out_of_range) {
+      return name + " is out of range: must be an integer " + integer_range(limit) + ", got " +
+             n.Scalar();
+    }
     if (!v) return type_error("an integer");
     if (!limit.admits(static_cast<double>(*v))) return range_error(std::to_string(*v));
     **i = *v;
   } else if (auto* d = std::get_if<double*>(&f)) {
-    const auto v = to_double(n);
+    const auto v = to_double(n, &out_of_range);
+    if (out_of_range) {
+      return name + " is out of range of a double (0, or magnitudes 2.2e-308 to 1.8e308), got " +
+             n.Scalar();
+    }
     if (!v) return type_error("a number");
     if (!limit.admits(*v)) return range_error(json(*v).dump());
     **d = *v;
@@ -251,7 +282,11 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
     if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
     std::vector<int64_t> values;
     for (const YAML::Node& item : n) {
-      const auto v = to_int(item);
+      const auto v = to_int(item, &out_of_range);
+      if (out_of_range) {
+        return name + " is out of range: must be a list of integers " + integer_range(limit) +
+               ", got " + show(n);
+      }
       if (!v) return type_error(what);
       if (!limit.admits(static_cast<double>(*v))) {
         return name + " must be a list of integers " + limit.describe() + ", got " + show(n);

@@ -1,6 +1,6 @@
 // Who this process is in a distributed run, and what the launcher tells its workers.
 //
-// The worker contract is torchrun's (design.md, "Worker environment"): RANK, LOCAL_RANK,
+// The worker contract is torchrun's (docs/architecture.md, "Worker environment"): RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GPURUN_RESTART_COUNT. Under Slurm
 // (`srun gpurun ...`) the SLURM_* variables fill these in, in one of two ways:
 //   - one task per node (srun --ntasks-per-node=1): every task is a launcher for its node,

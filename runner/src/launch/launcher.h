@@ -23,7 +23,7 @@ struct LaunchRequest {
 };
 
 /// Trains `config` in this process, or launches and supervises the workers that do, and
-/// returns the exit code (design.md's codes). `run.dist` is filled in from the environment
+/// returns the exit code (docs/architecture.md's codes). `run.dist` is filled in from the environment
 /// (torchrun's variables, or Slurm's with several tasks per node). Throws what train() and
 /// supervise() throw.
 int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest& request,

@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "gpurun/errors.h"
+#include "util/signals.h"
 
 namespace gpurun {
 namespace {
@@ -28,6 +29,7 @@ bool should_restart(const WorkerExit& e) {
 std::string describe(const WorkerExit& e) {
   if (e.hung) return "hung: no progress for " + format_seconds(e.stalled_seconds) + " s";
   if (e.signal != 0) {
+    // "killed by signal 9 (SIGKILL)"; a number glibc has no name for stands alone.
     return ::sigabbrev_np(e.signal)
                ? fmt::format("killed by signal {} ({})", e.signal, signal_name(e.signal))
                : fmt::format("killed by signal {}", e.signal);
@@ -70,11 +72,6 @@ int outcome_of(const std::vector<WorkerExit>& exits, int root) {
   for (size_t i = 0; i < exits.size(); ++i)
     if (exits[i].exit_code == kExitSignal || exits[i].signal != 0) return static_cast<int>(i);
   return 0;
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);  // glibc >= 2.32, as in errors.cpp
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
 std::string format_seconds(double s) {

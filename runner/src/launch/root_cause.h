@@ -52,9 +52,6 @@ int root_cause_among(const std::vector<WorkerExit>& exits, const std::vector<int
 /// worker. `exits` must not be empty.
 int outcome_of(const std::vector<WorkerExit>& exits, int root);
 
-/// "SIGKILL"; "signal 64" for a number glibc has no name for.
-std::string signal_name(int sig);
-
 /// Seconds for messages: "12", "1.5" (one decimal below 10 s).
 std::string format_seconds(double s);
 

@@ -6,7 +6,7 @@
 // stop_timeout seconds, SIGKILL; the first failure is reported as the root cause with its rank,
 // exit code or signal, the step it had reached and the last lines of its stderr.
 //
-// Contract with the child (design.md, "Worker environment" and "Exit codes"):
+// Contract with the child (docs/architecture.md, "Worker environment" and "Exit codes"):
 // - GPURUN_RESTART_COUNT=k in its environment: 0 for the first run, k for the k-th restart.
 // - Exit 0 ends supervision; exit 2 (usage/config) and 3 (cannot resume) are never retried;
 //   exit 75 (stopped by a signal) is returned as is; any other exit, a death by a signal (the

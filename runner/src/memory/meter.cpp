@@ -176,7 +176,8 @@ class CpuMeter final : public MemoryMeter {
       : counter_(new Counter),
         previous_(c10::GetCPUAllocator()),
         allocator_(new CountingCpuAllocator(previous_, counter_)),
-        capacity_(limit_bytes > 0 ? limit_bytes : host_memory_bytes()) {
+        device_(host_memory_bytes()),
+        capacity_(limit_bytes > 0 ? limit_bytes : device_) {
     counter_->limit = limit_bytes;
     c10::SetCPUAllocator(allocator_, kAllocatorPriority);
   }
@@ -199,12 +200,14 @@ class CpuMeter final : public MemoryMeter {
   }
   int64_t peak_bytes() const override { return counter_->peak.load(std::memory_order_relaxed); }
   int64_t capacity_bytes() const override { return capacity_; }
+  int64_t device_bytes() const override { return device_; }
   std::string device_name() const override { return "cpu"; }
 
  private:
   Counter* counter_;
   c10::Allocator* previous_;
   CountingCpuAllocator* allocator_;
+  int64_t device_;
   int64_t capacity_;
 };
 
@@ -241,7 +244,8 @@ class CudaMeter final : public MemoryMeter {
     check_cuda(cudaGetDeviceProperties(&prop, index_), "cudaGetDeviceProperties");
     check_cuda(cudaSetDevice(previous), "cudaSetDevice");
     name_ = "cuda:" + std::to_string(index_) + " (" + prop.name + ")";
-    capacity_ = static_cast<int64_t>(total_bytes);
+    device_ = static_cast<int64_t>(total_bytes);
+    capacity_ = device_;
     if (limit_bytes > 0 && limit_bytes < capacity_) {
       capacity_ = limit_bytes;
       cuda_alloc::setMemoryFraction(
@@ -258,6 +262,7 @@ class CudaMeter final : public MemoryMeter {
   int64_t current_bytes() const override { return aggregate().current; }
   int64_t peak_bytes() const override { return aggregate().peak; }
   int64_t capacity_bytes() const override { return capacity_; }
+  int64_t device_bytes() const override { return device_; }
   std::string device_name() const override { return name_; }
 
  private:
@@ -270,6 +275,7 @@ class CudaMeter final : public MemoryMeter {
 
   c10::DeviceIndex index_;
   std::string name_;
+  int64_t device_ = 0;
   int64_t capacity_ = 0;
   bool limited_ = false;
 };

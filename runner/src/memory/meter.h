@@ -1,4 +1,4 @@
-// Measuring the real peak memory of training steps (design.md, "Memory").
+// Measuring the real peak memory of training steps (docs/architecture.md, "Memory").
 //
 // A MemoryMeter reports the bytes that live on one device: the current amount, the peak since
 // the last reset_peak(), and the device's capacity. The memory planner runs a few training
@@ -39,6 +39,10 @@ class MemoryMeter {
   /// set and smaller.
   virtual int64_t capacity_bytes() const = 0;
 
+  /// The device's own memory in bytes, whatever the limit: for the CPU the physical RAM, or
+  /// this process's cgroup memory limit when smaller; for CUDA the device's total memory.
+  virtual int64_t device_bytes() const = 0;
+
   /// The device in words, e.g. "cpu" or "cuda:0 (NVIDIA H200)".
   virtual std::string device_name() const = 0;
 };
@@ -60,11 +64,12 @@ class MemoryMeter {
 /// memory is taken; everything allocated before stays valid and is freed normally.
 /// `limit_bytes` <= 0: no limit.
 ///
-/// capacity_bytes(): `limit_bytes` when > 0, else the physical RAM (sysconf), or the cgroup
-/// memory limit of this process when that is smaller.
+/// capacity_bytes(): `limit_bytes` when > 0 (even above the machine's memory), else
+/// device_bytes(): the physical RAM (sysconf), or the cgroup memory limit of this process when
+/// that is smaller.
 ///
 /// Why a wrapping allocator and not a c10::MemoryReportingInfoBase installed with
-/// c10::DebugInfoGuard (design.md, "Facts checked"): that hook is thread-local state, which
+/// c10::DebugInfoGuard (docs/architecture.md, "LibTorch facts the code relies on"): that hook is thread-local state, which
 /// LibTorch's OpenMP intra-op threads do not inherit, so an allocation inside a parallel_for
 /// body is not reported; and it cannot refuse an allocation. The wrapper sees every thread.
 ///

@@ -1,6 +1,5 @@
 #include "memory/peak_probe.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/remainder.h>
 #include <ATen/ops/zeros.h>
@@ -9,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -17,6 +15,7 @@
 #include "gpurun/model.h"
 #include "train/optimizer.h"
 #include "train/micro_batch_step.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -34,10 +33,7 @@ class Restorer {
       saved_.push_back(entry.second.detach().clone());
       saved_bytes_ += static_cast<int64_t>(saved_.back().nbytes());
     }
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng_ = gen.get_state();
-    saved_bytes_ += static_cast<int64_t>(rng_.nbytes());
+    saved_bytes_ += rng_.saved_bytes();
   }
   ~Restorer() {
     {
@@ -46,9 +42,6 @@ class Restorer {
       for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(saved_[i]);
       for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
     }
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng_);
     model_.set_checkpointed(flags_);
     model_.train();
   }
@@ -59,7 +52,7 @@ class Restorer {
   SegmentedModel& model_;
   std::vector<bool> flags_;
   std::vector<at::Tensor> saved_;
-  at::Tensor rng_;
+  RngGuard rng_{default_generator(at::kCPU)};
   int64_t saved_bytes_ = 0;
 };
 

@@ -1,16 +1,16 @@
 #include "model/activation_checkpointing.h"
 
-#include <memory>
-#include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
-#include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "gpurun/model.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -23,31 +23,6 @@ using torch::autograd::variable_list;
 struct SegmentHolder : torch::CustomClassHolder {
   explicit SegmentHolder(torch::nn::Sequential s) : segment(std::move(s)) {}
   torch::nn::Sequential segment;
-};
-
-at::Tensor rng_state(at::Generator generator) {
-  std::lock_guard<std::mutex> lock(generator.mutex());  // see ATen's Generator.h
-  return generator.get_state();
-}
-
-/// For its lifetime, puts `generator` at `state`; then back to where it was before.
-class RngFork {
- public:
-  RngFork(at::Generator generator, const at::Tensor& state) : generator_(std::move(generator)) {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    before_ = generator_.get_state();
-    generator_.set_state(state);
-  }
-  ~RngFork() {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    generator_.set_state(before_);
-  }
-  RngFork(const RngFork&) = delete;
-  RngFork& operator=(const RngFork&) = delete;
-
- private:
-  at::Generator generator_;
-  at::Tensor before_;
 };
 
 /// For its lifetime, keeps a copy of every buffer of `module`; then writes the copies back
@@ -83,9 +58,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                             const at::Tensor& x, at::TensorList parameters) {
     ctx->saved_data["segment"] =
         c10::IValue::make_capsule(c10::make_intrusive<SegmentHolder>(segment));
-    ctx->saved_data["cpu_rng"] = rng_state(at::detail::getDefaultCPUGenerator());
-    if (x.is_cuda())
-      ctx->saved_data["device_rng"] = rng_state(at::globalContext().defaultGenerator(x.device()));
+    ctx->saved_data["cpu_rng"] = rng_state(default_generator(at::kCPU));
+    if (x.is_cuda()) ctx->saved_data["device_rng"] = rng_state(default_generator(x.device()));
     variable_list to_save{x};
     to_save.insert(to_save.end(), parameters.begin(), parameters.end());
     ctx->save_for_backward(std::move(to_save));
@@ -121,12 +95,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // Destroyed in reverse order: the buffers are written back after the gradients are
       // computed (BatchNorm's backward saves its running statistics, which a write before
       // would mark as modified), then the generators return to their post-forward states.
-      RngFork cpu_rng(at::detail::getDefaultCPUGenerator(), ctx->saved_data["cpu_rng"].toTensor());
-      std::unique_ptr<RngFork> device_rng;
-      if (x.is_cuda()) {
-        device_rng = std::make_unique<RngFork>(at::globalContext().defaultGenerator(x.device()),
-                                               ctx->saved_data["device_rng"].toTensor());
-      }
+      RngGuard cpu_rng(default_generator(at::kCPU), ctx->saved_data["cpu_rng"].toTensor());
+      std::optional<RngGuard> device_rng;
+      if (x.is_cuda())
+        device_rng.emplace(default_generator(x.device()), ctx->saved_data["device_rng"].toTensor());
       BufferSnapshot buffers(*segment);
 
       c10::AutoGradMode grad_mode(true);
@@ -147,6 +119,11 @@ torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::T
   if (!c10::GradMode::is_enabled()) return segment->forward(x);
   std::vector<at::Tensor> parameters = segment->parameters(/*recurse=*/true);
   return CheckpointFunction::apply(segment, x, at::TensorList(parameters));
+}
+
+void checkpoint_every_segment(SegmentedModel& model, bool on) {
+  model.set_checkpointed(on ? std::vector<bool>(model.segments().size(), true)
+                            : std::vector<bool>{});
 }
 
 }  // namespace gpurun

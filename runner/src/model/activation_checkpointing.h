@@ -8,6 +8,8 @@
 
 namespace gpurun {
 
+class SegmentedModel;
+
 /// Returns segment->forward(x), computed without keeping the segment's intermediate
 /// activations: only `x` (and the RNG states) are saved for backward. The result requires
 /// grad when `x` or a parameter of the segment does; its gradient flows to `x` and into the
@@ -30,5 +32,10 @@ namespace gpurun {
 /// tensor), nor its structure changed. Meant for training mode with grad enabled; under
 /// NoGradGuard it simply runs the segment.
 torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::Tensor& x);
+
+/// Turns activation checkpointing on for every segment of `model` (`on`) or off for all, the
+/// two settings the memory planner chooses between (MemoryPlan::activation_checkpointing).
+/// A model without segments stays without checkpointing.
+void checkpoint_every_segment(SegmentedModel& model, bool on);
 
 }  // namespace gpurun

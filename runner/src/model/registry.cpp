@@ -1,10 +1,7 @@
 #include "gpurun/registry.h"
 
-#include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -12,6 +9,7 @@
 
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
+#include "util/rng.h"
 
 namespace gpurun {
 
@@ -39,24 +37,6 @@ const typename Map::mapped_type& find_or_throw(const Map& map, const std::string
   return it->second;
 }
 
-/// For its lifetime keeps `generator`'s state; then puts it back.
-class KeepRng {
- public:
-  explicit KeepRng(at::Generator generator) : generator_(std::move(generator)) {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    state_ = generator_.get_state();
-  }
-  ~KeepRng() {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    generator_.set_state(state_);
-  }
-  KeepRng(const KeepRng&) = delete;
-  KeepRng& operator=(const KeepRng&) = delete;
-
- private:
-  at::Generator generator_;
-  at::Tensor state_;
-};
 }  // namespace
 
 Registry::Registry() { add_loss("cross_entropy", cross_entropy); }
@@ -115,9 +95,9 @@ void Registry::run_step_hooks(const StepEnd& end) const {
 
 void Registry::run_epoch_hooks(const EpochEnd& end) const {
   if (epoch_hooks_.empty()) return;
-  KeepRng cpu_rng(at::detail::getDefaultCPUGenerator());
-  std::optional<KeepRng> device_rng;
-  if (!end.device.is_cpu()) device_rng.emplace(at::globalContext().defaultGenerator(end.device));
+  RngGuard cpu_rng(default_generator(at::kCPU));
+  std::optional<RngGuard> device_rng;
+  if (!end.device.is_cpu()) device_rng.emplace(default_generator(end.device));
   const bool was_training = end.model.is_training();
   end.model.eval();
   {
@@ -137,7 +117,5 @@ void Registry::run_epoch_hooks(const EpochEnd& end) const {
 std::vector<std::string> Registry::model_names() const { return keys_of(models_); }
 std::vector<std::string> Registry::dataset_names() const { return keys_of(datasets_); }
 std::vector<std::string> Registry::loss_names() const { return keys_of(losses_); }
-std::vector<std::string> Registry::epoch_hook_names() const { return keys_of(epoch_hooks_); }
-std::vector<std::string> Registry::step_hook_names() const { return keys_of(step_hooks_); }
 
 }  // namespace gpurun

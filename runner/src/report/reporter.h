@@ -1,4 +1,4 @@
-// What a run tells the user and the tools watching it (design.md, "Run directory"):
+// What a run tells the user and the tools watching it (docs/architecture.md, "Run directory"):
 // metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
 // periodic lines when stderr is a file. On a terminal, every log line clears the progress

@@ -13,6 +13,8 @@
 
 #include "gpurun/errors.h"
 #include "memory/meter.h"
+#include "model/activation_checkpointing.h"
+#include "train/suspicious_settings.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "model/torchscript_model.h"
@@ -72,6 +74,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                       (card.empty() ? "no common card is large enough"
                                     : "the smallest common card that fits: " + card));
   }
+  warn_about_suspicious_settings(config, s, memory_limit);
   return s;
 }
 
@@ -136,9 +139,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
   }
   plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
   plan.capacity_bytes = request.capacity_bytes;
-  session.model->set_checkpointed(
-      plan.activation_checkpointing ? std::vector<bool>(session.model->segments().size(), true)
-                                    : std::vector<bool>{});
+  checkpoint_every_segment(*session.model, plan.activation_checkpointing);
   if (plan.micro_batch < 16 && has_batch_norm(*session.model))
     spdlog::warn("the model has BatchNorm and the micro-batch is {}: its statistics are computed "
                  "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",

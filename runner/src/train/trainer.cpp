@@ -77,7 +77,8 @@ class Trainer {
         data_(session_.data),
         model_(session_.model),
         reporter_(run_dir_or_default(options), rank_ == 0, rank_),
-        checkpointer_(config, options, reporter_, comm_.get()),
+        checkpointer_(config, {options.ckpt_dir, options.resume, options.force}, reporter_,
+                      comm_.get()),
         trace_(rank_) {}
 
   ~Trainer() { set_immediate_stop_action(nullptr); }
@@ -161,15 +162,14 @@ class Trainer {
     int64_t newest_step = -1;
     if (rank_ == 0) {
       try {
-        std::string name = fs::read_file(options_.ckpt_dir + "/LATEST");
-        name.erase(name.find_last_not_of(" \n") + 1);
-        if (!name.empty()) {
-          const std::string path = options_.ckpt_dir + "/" + name;
-          newest_step = CheckpointStore::inspect(path, false).manifest.value("global_step", -1);
-          newest = path;
+        // Sizes against the manifests, no checksums: quick, and these are this run's own.
+        const std::vector<CheckpointInfo> infos = CheckpointView(options_.ckpt_dir).list(false);
+        if (const CheckpointInfo* info = CheckpointView::newest_complete(infos)) {
+          newest = info->path;
+          newest_step = info->global_step;
         }
       } catch (const std::exception&) {
-        newest.clear();  // none readable: say so rather than name a doubtful one
+        newest.clear();  // the directory cannot be read: say so rather than guess
       }
     }
     std::string saved;
@@ -620,7 +620,7 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
   if (options.dist && options.dist->world_size > 1) {
     const DistEnv& d = *options.dist;
     const std::string run_dir = run_dir_or_default(options);
-    // Every rank keeps its own log (design.md); rank 0's also goes to stderr as usual.
+    // Every rank keeps its own log (docs/architecture.md); rank 0's also goes to stderr as usual.
     fs::make_dirs(run_dir);
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
         run_dir + "/rank-" + std::to_string(d.rank) + ".log");

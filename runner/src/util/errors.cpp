@@ -1,7 +1,8 @@
 #include "gpurun/errors.h"
 
-#include <csignal>
 #include <cstring>
+
+#include "util/signals.h"
 
 namespace gpurun {
 
@@ -11,7 +12,7 @@ IoError::IoError(const std::string& what, const std::string& path, int err)
       errno_(err) {}
 
 Stopped::Stopped(int signal_number)
-    : Error(std::string("stopped by SIG") + sigabbrev_np(signal_number) + "; run again with --resume"),
+    : Error("stopped by " + signal_name(signal_number) + "; run again with --resume"),
       signal_(signal_number) {}
 
 int exit_code_for(const std::exception& e) noexcept {

@@ -209,12 +209,16 @@ bool exists(const std::string& path) {
   });
 }
 
-int64_t file_size(const std::string& path) {
+int64_t file_size(const std::string& path) { return status(path).size; }
+
+FileStatus status(const std::string& path) {
   return with_retries([&] {
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) return static_cast<int64_t>(st.st_size);
+    if (::stat(path.c_str(), &st) == 0) {
+      return FileStatus{static_cast<int64_t>(st.st_size), S_ISREG(st.st_mode)};
+    }
     if (errno != ENOENT) throw_errno("stat", path);
-    return int64_t{-1};
+    return FileStatus{};
   });
 }
 

@@ -38,6 +38,15 @@ bool exists(const std::string& path);
 /// Size of `path` in bytes (stat(2)), or -1 when it does not exist. Throws IoError.
 int64_t file_size(const std::string& path);
 
+/// What stat(2) says of `path` (symlinks followed).
+struct FileStatus {
+  int64_t size = -1;     ///< bytes; -1 when it does not exist
+  bool regular = false;  ///< a regular file (not a directory, FIFO, socket or device)
+};
+
+/// stat(2) of `path`; a missing path is FileStatus{} (size -1). Throws IoError.
+FileStatus status(const std::string& path);
+
 /// The names in `dir` (without "." and ".."), sorted; empty when `dir` does not exist.
 /// Throws IoError.
 std::vector<std::string> list_dir(const std::string& dir);

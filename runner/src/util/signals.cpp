@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -97,6 +98,11 @@ void set_immediate_stop_action(std::function<void(int)> action) {
   if (action) std::call_once(started, start_immediate_stop_thread);
   std::lock_guard<std::mutex> lock(g_action_mutex);
   g_action = std::move(action);
+}
+
+std::string signal_name(int signal_number) {
+  const char* abbrev = ::sigabbrev_np(signal_number);  // glibc >= 2.32; null when it has none
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal_number);
 }
 
 }  // namespace gpurun

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 namespace gpurun {
 
@@ -32,5 +33,9 @@ void request_stop(int signal_number) noexcept;
 /// running, so that an owner's destructor may clear it safely. Throws std::system_error when
 /// the thread or its pipe cannot be created.
 void set_immediate_stop_action(std::function<void(int signal_number)> action);
+
+/// "SIGTERM" for a signal glibc has an abbreviation for (sigabbrev_np), else "signal 35"
+/// (real-time signals, 0, numbers out of range).
+std::string signal_name(int signal_number);
 
 }  // namespace gpurun

@@ -152,7 +152,7 @@ class Holder {
   bool reaped_ = false;
 };
 
-class LeaseTest : public ::testing::Test {
+class LeaseDir : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = tmp_.path();
@@ -215,7 +215,7 @@ TEST(LeaseStale, ElsewhereTheHoldersOwnTimeoutDecidesAndOldLeasesFallBackToOurs)
   EXPECT_FALSE(gpurun::lease_is_stale(h, 60, now));
 }
 
-TEST_F(LeaseTest, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
+TEST_F(LeaseDir, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
   EXPECT_FALSE(gpurun::read_lease(dir_).has_value());
   gpurun::fs::write_file(lease_file(), "{not json");
   EXPECT_FALSE(gpurun::read_lease(dir_).has_value());
@@ -237,7 +237,7 @@ TEST_F(LeaseTest, ReadLeaseIsEmptyForAMissingOrUnparsableFile) {
   EXPECT_FALSE(h->took_over.has_value());
 }
 
-TEST_F(LeaseTest, OurLeaseRecordsItsTermsTheProcessStartAndWhomItTookOverFrom) {
+TEST_F(LeaseDir, OurLeaseRecordsItsTermsTheProcessStartAndWhomItTookOverFrom) {
   const double now = gpurun::unix_seconds();
   write_lease(dir_, holder_of("some-other-host.invalid", 4242, now - 2000, now - 1000, "old", ""));
   auto lease = Lease::acquire(dir_, 7, false);
@@ -254,7 +254,7 @@ TEST_F(LeaseTest, OurLeaseRecordsItsTermsTheProcessStartAndWhomItTookOverFrom) {
   EXPECT_EQ(nlohmann::json::parse(text)["format_version"], 2) << text;
 }
 
-TEST_F(LeaseTest, ALiveHolderOnThisHostIsNotTakenOverByAShorterTimeout) {
+TEST_F(LeaseDir, ALiveHolderOnThisHostIsNotTakenOverByAShorterTimeout) {
   // The holder's terms: 60 s, so it beats every 10 s; we wait with 0.6 s. By our timeout its
   // heartbeat is stale after 0.6 s, but its process is alive here: only --force displaces it.
   Holder other(dir_, 60, 30);
@@ -275,7 +275,7 @@ TEST_F(LeaseTest, ALiveHolderOnThisHostIsNotTakenOverByAShorterTimeout) {
   EXPECT_EQ(other.next(0.5), '\0') << "the holder must not lose its lease";
 }
 
-TEST_F(LeaseTest, TheDisplacedHolderIsToldWhoTookTheLeaseAndThatItWasForced) {
+TEST_F(LeaseDir, TheDisplacedHolderIsToldWhoTookTheLeaseAndThatItWasForced) {
   auto first = Lease::acquire(dir_, 0.4, false);  // beats every 0.1 s
   auto second = Lease::acquire(dir_, 0.4, true);
   const auto t0 = std::chrono::steady_clock::now();
@@ -290,7 +290,7 @@ TEST_F(LeaseTest, TheDisplacedHolderIsToldWhoTookTheLeaseAndThatItWasForced) {
   EXPECT_TRUE(second->trouble().empty());
 }
 
-TEST_F(LeaseTest, AHeartbeatThatCannotBeWrittenExpiresTheLeaseBeforeOthersMayTakeIt) {
+TEST_F(LeaseDir, AHeartbeatThatCannotBeWrittenExpiresTheLeaseBeforeOthersMayTakeIt) {
   auto lease = Lease::acquire(dir_, 0.8, false);  // beats every 0.2 s
   // The directory goes away under the run and a file takes its place: every write fails.
   stdfs::rename(dir_, dir_ + ".moved");
@@ -306,7 +306,7 @@ TEST_F(LeaseTest, AHeartbeatThatCannotBeWrittenExpiresTheLeaseBeforeOthersMayTak
   EXPECT_NE(why.find("Not a directory"), std::string::npos) << why;
 }
 
-TEST_F(LeaseTest, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
+TEST_F(LeaseDir, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
   const std::string dir = root_ + "/new/ckpt";
   const double before = gpurun::unix_seconds();
   auto lease = Lease::acquire(dir, 60, false);
@@ -332,12 +332,12 @@ TEST_F(LeaseTest, AcquireCreatesTheDirAndWritesOurPidAndHostReleaseRemovesIt) {
   EXPECT_FALSE(stdfs::exists(dir + "/lease.json"));
 }
 
-TEST_F(LeaseTest, RejectsANonPositiveTimeout) {
+TEST_F(LeaseDir, RejectsANonPositiveTimeout) {
   EXPECT_THROW(Lease::acquire(dir_, 0, false), ConfigError);
   EXPECT_THROW(Lease::acquire(dir_, -1, false), ConfigError);
 }
 
-TEST_F(LeaseTest, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
+TEST_F(LeaseDir, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
   Holder other(dir_, 1.5, 30);
   ASSERT_EQ(other.next(10), 'A');
   const std::string their_token = gpurun::read_lease(dir_)->token;
@@ -357,7 +357,7 @@ TEST_F(LeaseTest, ALiveHolderMakesAcquireThrowAfterTheWaitNamingIt) {
   EXPECT_EQ(gpurun::read_lease(dir_)->token, their_token);  // left alone
 }
 
-TEST_F(LeaseTest, AStaleHeartbeatFromAnotherHostIsTakenAtOnce) {
+TEST_F(LeaseDir, AStaleHeartbeatFromAnotherHostIsTakenAtOnce) {
   const double now = gpurun::unix_seconds();
   // A live pid, but on another host and silent for 1000 s.
   write_lease(dir_,
@@ -368,7 +368,7 @@ TEST_F(LeaseTest, AStaleHeartbeatFromAnotherHostIsTakenAtOnce) {
   EXPECT_EQ(gpurun::read_lease(dir_)->pid, ::getpid());
 }
 
-TEST_F(LeaseTest, ADeadPidOnThisHostIsTakenAtOnce) {
+TEST_F(LeaseDir, ADeadPidOnThisHostIsTakenAtOnce) {
   write_lease(dir_, holder_of(gpurun::host_name(), dead_pid(), gpurun::unix_seconds(),
                               gpurun::unix_seconds(), "dead", ""));
   std::unique_ptr<Lease> lease;
@@ -384,14 +384,14 @@ TEST_F(LeaseTest, ADeadPidOnThisHostIsTakenAtOnce) {
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, AnUnparsableLeaseIsTakenAtOnce) {
+TEST_F(LeaseDir, AnUnparsableLeaseIsTakenAtOnce) {
   gpurun::fs::write_file(lease_file(), "garbage");
   std::unique_ptr<Lease> lease;
   EXPECT_LT(time_of([&] { lease = Lease::acquire(dir_, 60, false); }), 1.0);
   EXPECT_TRUE(lease->still_ours());
 }
 
-TEST_F(LeaseTest, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks) {
+TEST_F(LeaseDir, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks) {
   // Another host whose clock runs 1000 s ahead and which died: by age the lease looks fresh
   // for 1000 s, but it did not beat once during our whole wait.
   const double now = gpurun::unix_seconds();
@@ -403,7 +403,7 @@ TEST_F(LeaseTest, AHeartbeatThatNeverChangesIsStaleAfterTheWaitWhateverTheClocks
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
+TEST_F(LeaseDir, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
   Holder other(dir_, 0.4, 30);  // beats every 0.1 s
   ASSERT_EQ(other.next(10), 'A');
   std::unique_ptr<Lease> lease;
@@ -419,7 +419,7 @@ TEST_F(LeaseTest, ForceTakesALiveLeaseAtOnceAndTheOldHolderSeesLost) {
   EXPECT_EQ(gpurun::read_lease(dir_)->token, lease->holder().token);
 }
 
-TEST_F(LeaseTest, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved) {
+TEST_F(LeaseDir, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved) {
   auto lease = Lease::acquire(dir_, 0.4, false);  // beats every 0.1 s
   EXPECT_DOUBLE_EQ(gpurun::heartbeat_period_seconds(0.4), 0.1);
   EXPECT_DOUBLE_EQ(gpurun::heartbeat_period_seconds(60), 10);
@@ -450,7 +450,7 @@ TEST_F(LeaseTest, TheHeartbeatAdvancesAndALostLeaseIsNeitherRewrittenNorRemoved)
   EXPECT_EQ(gpurun::read_lease(dir_)->token, "theirs");
 }
 
-TEST_F(LeaseTest, AHolderThatReleasesDuringTheWaitHandsItOver) {
+TEST_F(LeaseDir, AHolderThatReleasesDuringTheWaitHandsItOver) {
   Holder other(dir_, 5, 0.7);
   ASSERT_EQ(other.next(10), 'A');
   std::unique_ptr<Lease> lease;
@@ -462,7 +462,7 @@ TEST_F(LeaseTest, AHolderThatReleasesDuringTheWaitHandsItOver) {
   EXPECT_TRUE(lease->still_ours());  // the old holder's release did not remove ours
 }
 
-TEST_F(LeaseTest, OfRunsStartingTogetherExactlyOneWins) {
+TEST_F(LeaseDir, OfRunsStartingTogetherExactlyOneWins) {
   int start[2];
   ASSERT_EQ(::pipe(start), 0);
   std::vector<std::unique_ptr<Holder>> runs;

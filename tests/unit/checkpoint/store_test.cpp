@@ -1,9 +1,10 @@
 // CheckpointStore and `gpurun ckpt` on real folders in a fresh temporary directory
-// (cases.md, case 7: a damaged or half-written checkpoint never blocks a resume).
+// (docs/architecture.md, case 7: a damaged or half-written checkpoint never blocks a resume).
 #include "checkpoint/store.h"
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,8 +20,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include <torch/version.h>
+#include "common/temp_dir.h"
 
 #include "cli/ckpt_command.h"
 #include "gpurun/errors.h"
@@ -32,6 +33,8 @@ namespace {
 namespace stdfs = std::filesystem;
 using gpurun::CheckpointSnapshot;
 using gpurun::CheckpointStore;
+using gpurun::CheckpointView;
+using gpurun::LatestFile;
 using nlohmann::json;
 
 CheckpointSnapshot make_snapshot(int64_t epoch, int64_t step, size_t model_bytes = 4096) {
@@ -55,7 +58,7 @@ CheckpointSnapshot make_snapshot(int64_t epoch, int64_t step, size_t model_bytes
   return s;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointDir : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = tmp_.path();
@@ -107,7 +110,7 @@ TEST(CheckpointName, IsZeroPaddedEpochAndStep) {
   EXPECT_EQ(gpurun::checkpoint_name(0, 0), "ckpt-e0000-s0000000");
 }
 
-TEST_F(CheckpointTest, SaveThenLoadReturnsTheSameBytesAndMeta) {
+TEST_F(CheckpointDir, SaveThenLoadReturnsTheSameBytesAndMeta) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(1, 12, 1 << 20);
   const gpurun::SaveResult saved = store.save(snap);
@@ -141,7 +144,7 @@ TEST_F(CheckpointTest, SaveThenLoadReturnsTheSameBytesAndMeta) {
   EXPECT_EQ(direct.files, snap.files);
 }
 
-TEST_F(CheckpointTest, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
+TEST_F(CheckpointDir, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(2, 30);
   store.save(snap);
@@ -177,13 +180,13 @@ TEST_F(CheckpointTest, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
   EXPECT_THROW(gpurun::meta_from_manifest(json{{"epoch", 1}}), gpurun::ResumeError);
 }
 
-TEST_F(CheckpointTest, LatestNamesTheNewestSave) {
+TEST_F(CheckpointDir, LatestNamesTheNewestSave) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   EXPECT_EQ(latest(), names.back() + "\n");
 }
 
-TEST_F(CheckpointTest, RetentionKeepsExactlyTheNewestKeepLast) {
+TEST_F(CheckpointDir, RetentionKeepsExactlyTheNewestKeepLast) {
   CheckpointStore store(dir_, 2);
   for (int step = 1; step <= 4; ++step) store.save(make_snapshot(0, step));
   const gpurun::SaveResult last = store.save(make_snapshot(0, 5));
@@ -196,7 +199,7 @@ TEST_F(CheckpointTest, RetentionKeepsExactlyTheNewestKeepLast) {
   EXPECT_EQ(listed[1].global_step, 5);
 }
 
-TEST_F(CheckpointTest, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
+TEST_F(CheckpointDir, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 3);
   truncate_file(path(names[2] + "/model.pt"), 1000);
@@ -214,7 +217,7 @@ TEST_F(CheckpointTest, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
   EXPECT_EQ(store.load_latest()->info.name, names[2]);
 }
 
-TEST_F(CheckpointTest, FlippedByteIsFoundByChecksumAndFallsBack) {
+TEST_F(CheckpointDir, FlippedByteIsFoundByChecksumAndFallsBack) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   flip_byte(path(names[1] + "/optim.pt"), 500);
@@ -230,7 +233,7 @@ TEST_F(CheckpointTest, FlippedByteIsFoundByChecksumAndFallsBack) {
   EXPECT_THROW(CheckpointStore::load(path(names[1] + ".damaged")), gpurun::ResumeError);
 }
 
-TEST_F(CheckpointTest, AllDamagedThrowsResumeErrorNamingEachOne) {
+TEST_F(CheckpointDir, AllDamagedThrowsResumeErrorNamingEachOne) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   stdfs::create_directories(path(names[1] + ".damaged"));  // taken: the next is .damaged.1
@@ -250,7 +253,7 @@ TEST_F(CheckpointTest, AllDamagedThrowsResumeErrorNamingEachOne) {
   EXPECT_TRUE(stdfs::is_directory(path(names[0] + ".damaged")));
 }
 
-TEST_F(CheckpointTest, LeftoverTemporariesAreIgnoredAndCleaned) {
+TEST_F(CheckpointDir, LeftoverTemporariesAreIgnoredAndCleaned) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   stdfs::create_directories(path(".tmp-ckpt-e0000-s0000002-99999"));
@@ -265,7 +268,7 @@ TEST_F(CheckpointTest, LeftoverTemporariesAreIgnoredAndCleaned) {
   EXPECT_EQ(store.load_latest()->info.global_step, 1);
 }
 
-TEST_F(CheckpointTest, FolderWithoutManifestNeverBlocksAResume) {
+TEST_F(CheckpointDir, FolderWithoutManifestNeverBlocksAResume) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 2));
   for (const char* name : {"ckpt-e0000-s0000001", "ckpt-e0000-s0000005"}) {
@@ -287,7 +290,7 @@ TEST_F(CheckpointTest, FolderWithoutManifestNeverBlocksAResume) {
   EXPECT_FALSE(stdfs::exists(path("ckpt-e0000-s0000001")));
 }
 
-TEST_F(CheckpointTest, ResavingAnExistingCompleteCheckpointKeepsIt) {
+TEST_F(CheckpointDir, ResavingAnExistingCompleteCheckpointKeepsIt) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot first = make_snapshot(0, 4);
   store.save(first);
@@ -301,7 +304,7 @@ TEST_F(CheckpointTest, ResavingAnExistingCompleteCheckpointKeepsIt) {
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000004"}));
 }
 
-TEST_F(CheckpointTest, ResavingReplacesAFolderThatDoesNotVerify) {
+TEST_F(CheckpointDir, ResavingReplacesAFolderThatDoesNotVerify) {
   CheckpointStore store(dir_, 3);
   const CheckpointSnapshot snap = make_snapshot(0, 4);
   store.save(snap);
@@ -316,7 +319,7 @@ TEST_F(CheckpointTest, ResavingReplacesAFolderThatDoesNotVerify) {
 // Case 7: a writer killed with SIGKILL at random points over many saves. Every resume finds
 // the previous or the new complete checkpoint, never a damaged one, and the checkpoint it
 // finds never goes backwards.
-TEST_F(CheckpointTest, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint) {
+TEST_F(CheckpointDir, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint) {
   std::mt19937 rng(7);
   int64_t last_step = -1;
   for (int round = 0; round < 25; ++round) {
@@ -349,7 +352,7 @@ TEST_F(CheckpointTest, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint
   EXPECT_GT(last_step, 0) << "no save ever completed";
 }
 
-TEST_F(CheckpointTest, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
+TEST_F(CheckpointDir, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   // A real write failure: files may not grow past 64 KiB (EFBIG, as a full disk gives ENOSPC).
@@ -373,7 +376,7 @@ TEST_F(CheckpointTest, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
   EXPECT_EQ(store.load_latest()->info.global_step, 1);
 }
 
-TEST_F(CheckpointTest, SaveUnderARegularFileThrowsIoError) {
+TEST_F(CheckpointDir, SaveUnderARegularFileThrowsIoError) {
   gpurun::fs::make_dirs(root_);
   gpurun::fs::write_file(root_ + "/file", "x");
   CheckpointStore store(root_ + "/file/ckpts", 3);
@@ -385,18 +388,20 @@ TEST_F(CheckpointTest, SaveUnderARegularFileThrowsIoError) {
   }
 }
 
-TEST_F(CheckpointTest, BadFileNamesAreRefusedBeforeAnyWrite) {
+TEST_F(CheckpointDir, BadFileNamesAreRefusedBeforeAnyWrite) {
   CheckpointStore store(dir_, 3);
   CheckpointSnapshot snap = make_snapshot(0, 1);
   snap.files.emplace_back("../escape", "x");
   EXPECT_THROW(store.save(snap), std::invalid_argument);
   snap.files.back().first = "manifest.json";
   EXPECT_THROW(store.save(snap), std::invalid_argument);
+  snap.files.back() = snap.files.front();  // a duplicate name
+  EXPECT_THROW(store.save(snap), std::invalid_argument);
   EXPECT_FALSE(stdfs::exists(dir_));
   EXPECT_THROW(CheckpointStore(dir_, 0), std::invalid_argument);
 }
 
-TEST_F(CheckpointTest, MissingFileAndEmptyDirectory) {
+TEST_F(CheckpointDir, MissingFileAndEmptyDirectory) {
   CheckpointStore store(dir_, 3);
   EXPECT_FALSE(store.load_latest().has_value());  // DIR does not exist yet
   EXPECT_FALSE(store.has_checkpoints());
@@ -412,19 +417,19 @@ TEST_F(CheckpointTest, MissingFileAndEmptyDirectory) {
   }
 }
 
-TEST_F(CheckpointTest, NewerFormatVersionIsNotComplete) {
+TEST_F(CheckpointDir, NewerFormatVersionIsNotComplete) {
   CheckpointStore store(dir_, 3);
   store.save(make_snapshot(0, 1));
   const std::string manifest = path("ckpt-e0000-s0000001/manifest.json");
   json m = json::parse(gpurun::fs::read_file(manifest));
   m["format_version"] = gpurun::kCheckpointFormatVersion + 1;
   gpurun::fs::write_file(manifest, m.dump());
-  const auto info = CheckpointStore::inspect(path("ckpt-e0000-s0000001"), false);
+  const auto info = gpurun::CheckpointView::inspect(path("ckpt-e0000-s0000001"), false);
   EXPECT_FALSE(info.complete);
   EXPECT_NE(info.problem.find("format_version 2"), std::string::npos) << info.problem;
 }
 
-TEST_F(CheckpointTest, CkptListPrintsOneJsonObjectOrATable) {
+TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -447,7 +452,7 @@ TEST_F(CheckpointTest, CkptListPrintsOneJsonObjectOrATable) {
   EXPECT_EQ(out.find(names[0] + "  "), out.find(names[0]));
 }
 
-TEST_F(CheckpointTest, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
+TEST_F(CheckpointDir, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -473,7 +478,7 @@ TEST_F(CheckpointTest, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
   EXPECT_EQ(run("verify", false, &out, root_), 1);  // no checkpoints at all
 }
 
-TEST_F(CheckpointTest, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
+TEST_F(CheckpointDir, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
   CheckpointStore store(dir_, 3);
   const auto names = save_steps(store, 2);
   std::string out;
@@ -497,7 +502,7 @@ TEST_F(CheckpointTest, CkptInspectShowsTheManifestOfTheRootOrOneFolder) {
   EXPECT_NE(out.find("DAMAGED: model.pt: xxh3 mismatch"), std::string::npos) << out;
 }
 
-TEST_F(CheckpointTest, CkptErrorsMapToTheirExitCodes) {
+TEST_F(CheckpointDir, CkptErrorsMapToTheirExitCodes) {
   std::string out;
   try {
     run("list", true, &out, root_ + "/missing");
@@ -510,6 +515,217 @@ TEST_F(CheckpointTest, CkptErrorsMapToTheirExitCodes) {
   EXPECT_THROW(run("frobnicate", false, &out), gpurun::ConfigError);
   stdfs::create_directories(dir_);
   EXPECT_THROW(run("inspect", true, &out), gpurun::ResumeError);  // nothing to inspect
+}
+
+TEST(CheckpointName, ParsesWhatCheckpointNameWrites) {
+  const auto parsed = gpurun::parse_checkpoint_name(gpurun::checkpoint_name(3, 450));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->epoch, 3);
+  EXPECT_EQ(parsed->global_step, 450);
+  const auto aside = gpurun::parse_checkpoint_name("ckpt-e0001-s0000020.damaged.2");
+  ASSERT_TRUE(aside.has_value());
+  EXPECT_EQ(aside->global_step, 20);
+  EXPECT_FALSE(gpurun::parse_checkpoint_name("ckpt-final").has_value());
+  EXPECT_FALSE(gpurun::parse_checkpoint_name("LATEST").has_value());
+
+  EXPECT_TRUE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020"));
+  EXPECT_TRUE(gpurun::is_checkpoint_folder_name("ckpt-final"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020.damaged"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("ckpt-e0001-s0000020.damaged.1"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name(".tmp-ckpt-e0001-s0000020-123"));
+  EXPECT_FALSE(gpurun::is_checkpoint_folder_name("LATEST"));
+}
+
+TEST_F(CheckpointDir, ViewListsNewestCompleteAndLatestAsTheStoreWroteThem) {
+  const CheckpointView missing(dir_);
+  EXPECT_TRUE(missing.list(true).empty());  // DIR does not exist yet
+  EXPECT_FALSE(missing.has_checkpoints());
+  EXPECT_FALSE(missing.newest_complete().has_value());
+  EXPECT_EQ(missing.latest().state, LatestFile::State::kMissing);
+  EXPECT_EQ(missing.latest().describe(), "LATEST is missing");
+
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 12);  // epochs 0 and 1; the three newest are kept
+  const CheckpointView view(dir_);
+  const auto listed = view.list(true);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[2].name, names[11]);
+  EXPECT_EQ(listed[2].epoch, 1);
+  EXPECT_EQ(listed[2].global_step, 12);
+  EXPECT_EQ(listed[0].epoch, 1);
+  EXPECT_EQ(listed[0].global_step, 10);
+  EXPECT_TRUE(view.has_checkpoints());
+  ASSERT_NE(CheckpointView::newest_complete(listed), nullptr);
+  EXPECT_EQ(CheckpointView::newest_complete(listed)->name, names[11]);
+  const auto newest = view.newest_complete();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->name, names[11]);
+  EXPECT_TRUE(newest->complete);
+  const LatestFile latest = view.latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kPresent);
+  EXPECT_EQ(latest.name, names[11]);
+  EXPECT_TRUE(latest.names(names[11]));
+  EXPECT_FALSE(latest.names(names[10]));
+  EXPECT_EQ(latest.describe(), "LATEST names \"" + names[11] + "\"");
+  // The store reads through the same view.
+  EXPECT_EQ(store.list(true).size(), listed.size());
+  EXPECT_EQ(store.view().dir(), dir_);
+}
+
+TEST_F(CheckpointDir, ViewSkipsANewerDamagedCheckpointAndLeavesItInPlace) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 3);
+  flip_byte(path(names[2] + "/model.pt"), 10);  // sizes match: only the checksum sees it
+  truncate_file(path(names[1] + "/optim.pt"), 3);
+  const auto newest = CheckpointView(dir_).newest_complete();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->name, names[0]);
+  EXPECT_TRUE(stdfs::exists(path(names[2] + "/model.pt")));  // read-only: nothing renamed
+  EXPECT_TRUE(stdfs::exists(path(names[1] + "/optim.pt")));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", names[0], names[1], names[2]}));
+}
+
+TEST_F(CheckpointDir, IsCheckpointFolderTellsAFolderFromARoot) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 1);
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0])));
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0]) + "/"));
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(path(names[0] + ".damaged")));
+  EXPECT_FALSE(CheckpointView::is_checkpoint_folder(dir_));
+  EXPECT_FALSE(CheckpointView::is_checkpoint_folder(dir_ + "/"));
+  // Renamed by a person: its manifest says what it is.
+  stdfs::rename(path(names[0]), root_ + "/best");
+  EXPECT_TRUE(CheckpointView::is_checkpoint_folder(root_ + "/best"));
+}
+
+// Issue 16, defect 4: a file that cannot be read as a file is damage like any other, for the
+// view (every checkpoint reported) and for a resume (set aside, the previous one loaded).
+TEST_F(CheckpointDir, AFileReplacedByADirectoryDamagesOnlyItsCheckpoint) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 3);
+  stdfs::remove(path(names[2] + "/model.pt"));
+  stdfs::create_directories(path(names[2] + "/model.pt"));
+  stdfs::remove(path(names[1] + "/manifest.json"));
+  stdfs::create_directories(path(names[1] + "/manifest.json"));
+  for (const bool verify : {false, true}) {
+    const auto listed = CheckpointView(dir_).list(verify);
+    ASSERT_EQ(listed.size(), 3u);
+    EXPECT_TRUE(listed[0].complete) << listed[0].problem;
+    EXPECT_EQ(listed[1].problem, "manifest.json: not a regular file");
+    EXPECT_EQ(listed[2].problem, "model.pt: not a regular file");
+  }
+  EXPECT_EQ(CheckpointView(dir_).newest_complete()->name, names[0]);
+  EXPECT_THROW(CheckpointStore::load(path(names[2])), gpurun::ResumeError);
+
+  const auto loaded = store.load_latest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->info.name, names[0]);
+  EXPECT_TRUE(stdfs::is_directory(path(names[2] + ".damaged/model.pt")));
+}
+
+TEST_F(CheckpointDir, AFifoWhereAFileBelongsIsDamageAndNeverBlocks) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path(names[1] + "/trainer.pt"));
+  ASSERT_EQ(::mkfifo(path(names[1] + "/trainer.pt").c_str(), 0600), 0);
+  const auto listed = CheckpointView(dir_).list(true);  // opening it for reading would block
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[1].problem, "trainer.pt: not a regular file");
+  EXPECT_EQ(store.load_latest()->info.name, names[0]);
+}
+
+TEST_F(CheckpointDir, UnreadableFileIsReportedByTheViewAndThrownForAResume) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads a file of mode 000";
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  ASSERT_EQ(::chmod(path(names[1] + "/model.pt").c_str(), 0), 0);
+  const auto listed = CheckpointView(dir_).list(true);
+  EXPECT_EQ(listed[1].problem.rfind("model.pt: cannot be read (", 0), 0u) << listed[1].problem;
+  EXPECT_THROW(CheckpointView(dir_, gpurun::ReadErrors::kThrow).list(true), gpurun::IoError);
+  // The storage, not the checkpoint, failed: a resume neither sets it aside nor falls back.
+  EXPECT_THROW(store.load_latest(), gpurun::IoError);
+  EXPECT_TRUE(stdfs::exists(path(names[1])));
+}
+
+// Issue 16, defect 11: LATEST's bytes never reach a terminal raw.
+TEST_F(CheckpointDir, LatestIsDescribedEscapedMissingEmptyOrUnreadable) {
+  stdfs::create_directories(dir_);
+  const std::string garbage("ckpt-\0\xff\n\x1b[2J", 12);
+  gpurun::fs::write_file(path("LATEST"), garbage + "\n");
+  LatestFile latest = CheckpointView(dir_).latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kPresent);
+  EXPECT_EQ(latest.name, garbage);  // as it is, for comparisons
+  EXPECT_EQ(latest.describe(), R"(LATEST names "ckpt-\x00\xff\n\x1b[2J")");
+
+  gpurun::fs::write_file(path("LATEST"), " \n");
+  EXPECT_EQ(CheckpointView(dir_).latest().describe(), "LATEST is empty");
+  stdfs::remove(path("LATEST"));
+  EXPECT_EQ(CheckpointView(dir_).latest().describe(), "LATEST is missing");
+  stdfs::create_directories(path("LATEST"));
+  latest = CheckpointView(dir_).latest();
+  EXPECT_EQ(latest.state, LatestFile::State::kUnreadable);
+  EXPECT_EQ(latest.describe().rfind("LATEST cannot be read (read ", 0), 0u) << latest.describe();
+}
+
+TEST_F(CheckpointDir, AResumeCorrectsAMissingLatest) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path("LATEST"));
+  EXPECT_EQ(store.load_latest()->info.name, names[1]);
+  EXPECT_EQ(latest(), names[1] + "\n");
+}
+
+// save() in its three steps: hashing refuses bad names before any write (above), writing keeps
+// an existing complete folder (above), and retention spares what is newer than the newest
+// complete checkpoint, which may be a save in progress under another name.
+TEST_F(CheckpointDir, RetentionSparesAnIncompleteFolderNewerThanTheNewestComplete) {
+  CheckpointStore store(dir_, 2);
+  save_steps(store, 2);
+  stdfs::create_directories(path("ckpt-e0000-s0000009"));
+  stdfs::create_directories(path("ckpt-e0000-s0000000"));
+  const gpurun::SaveResult saved = store.save(make_snapshot(0, 3));
+  EXPECT_EQ(saved.removed,
+            (std::vector<std::string>{"ckpt-e0000-s0000001", "ckpt-e0000-s0000000"}));
+  EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000002",
+                                                 "ckpt-e0000-s0000003", "ckpt-e0000-s0000009"}));
+  EXPECT_EQ(saved.bytes, 4096 + 1000 + 6);
+}
+
+TEST_F(CheckpointDir, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 2);
+  stdfs::remove(path(names[1] + "/model.pt"));
+  stdfs::create_directories(path(names[1] + "/model.pt"));
+  std::string out;
+  EXPECT_EQ(run("verify", false, &out), 0);
+  EXPECT_NE(out.find("FAILED  " + names[1] + ": model.pt: not a regular file"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("ok      " + names[0]), std::string::npos) << out;
+  ASSERT_EQ(run("inspect", true, &out), 0);
+  EXPECT_EQ(json::parse(out)["global_step"], 1);
+  EXPECT_EQ(run("inspect", true, &out, path(names[1])), 1);  // its manifest, not verifying
+  EXPECT_EQ(json::parse(out)["global_step"], 2);
+}
+
+TEST_F(CheckpointDir, CkptListEscapesAGarbageLatest) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 1);
+  gpurun::fs::write_file(path("LATEST"), std::string("ckpt-\0\xff\x1b[2J\n", 12));
+  std::string out;
+  ASSERT_EQ(run("list", false, &out), 0);
+  EXPECT_NE(out.find(R"(LATEST names "ckpt-\x00\xff\x1b[2J", which is not here)"),
+            std::string::npos)
+      << out;
+  for (const char raw : {'\0', '\xff', '\x1b'}) EXPECT_EQ(out.find(raw), std::string::npos);
+  ASSERT_EQ(run("list", true, &out), 0);
+  const json j = json::parse(out);  // not UTF-8 on disk, valid JSON out
+  EXPECT_EQ(j["checkpoints"][0]["latest"], false);
+  EXPECT_EQ(j["latest"].get<std::string>().substr(0, 6), std::string("ckpt-\0", 6));
+
+  stdfs::remove(path("LATEST"));
+  ASSERT_EQ(run("list", false, &out), 0);
+  EXPECT_NE(out.find("LATEST is missing"), std::string::npos) << out;
+  EXPECT_EQ(out.find("LATEST names"), std::string::npos) << out;
 }
 
 }  // namespace

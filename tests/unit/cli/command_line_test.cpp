@@ -1,4 +1,4 @@
-// Unit tests of the command-line parser (design.md's "Command line"): every subcommand's
+// Unit tests of the command-line parser (docs/architecture.md's "Command line"): every subcommand's
 // shape, --set order, SIZE parsing, the launcher-only options and the errors a typo gets.
 #include <string>
 #include <vector>

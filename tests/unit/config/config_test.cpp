@@ -223,6 +223,26 @@ TEST(Config, OutOfRangeNamesKeyValueAndLine) {
                        "model.channels must be a list of integers >= 1, got [32, 0]"));
 }
 
+TEST(Config, NumberTooLargeForItsTypeIsOutOfRangeWithTheRange) {
+  EXPECT_EQ(error_of("", {"train.epochs=99999999999999999999"}),
+            "--set train.epochs=99999999999999999999: train.epochs is out of range: must be an "
+            "integer from 1 to 9223372036854775807, got 99999999999999999999");
+  EXPECT_EQ(error_of("train:\n  seed: -99999999999999999999\n"),
+            "run.yaml:2: train.seed is out of range: must be an integer from "
+            "-9223372036854775808 to 9223372036854775807, got -99999999999999999999");
+  EXPECT_EQ(error_of("", {"model.hidden=[64, 99999999999999999999]"}),
+            "--set model.hidden=[64, 99999999999999999999]: model.hidden is out of range: must "
+            "be a list of integers from 1 to 9223372036854775807, got [64, 99999999999999999999]");
+  EXPECT_EQ(error_of("", {"optim.lr=1e999"}),
+            "--set optim.lr=1e999: optim.lr is out of range of a double (0, or magnitudes "
+            "2.2e-308 to 1.8e308), got 1e999");
+  // The ends of int64_t still fit; a fraction is still a wrong type.
+  EXPECT_EQ(parse_config("", "r", {"train.seed=9223372036854775807"}).train.seed, INT64_MAX);
+  EXPECT_EQ(parse_config("", "r", {"train.seed=-9223372036854775808"}).train.seed, INT64_MIN);
+  EXPECT_TRUE(contains(error_of("", {"train.epochs=99999999999999999999.5"}),
+                       "train.epochs must be an integer, got 99999999999999999999.5"));
+}
+
 TEST(Config, AllErrorsReportedAtOnce) {
   const std::string msg = error_of("optim:\n  lr: 0\ntrain:\n  epochs: 0\n");
   EXPECT_TRUE(contains(msg, "run.yaml:2: optim.lr"));

@@ -30,7 +30,7 @@ namespace stdfs = std::filesystem;
 using gpurun::WorkerExit;
 using Clock = std::chrono::steady_clock;
 
-class SupervisorTest : public ::testing::Test {
+class SupervisorRuns : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = tmp_.path();
@@ -135,7 +135,7 @@ TEST(SupervisorRules, RejectsInvalidOptions) {
   EXPECT_THROW(gpurun::supervise(o), std::invalid_argument);
 }
 
-TEST_F(SupervisorTest, SuccessRunsOnce) {
+TEST_F(SupervisorRuns, SuccessRunsOnce) {
   EXPECT_EQ(gpurun::supervise(options("exit 0", 3)), 0);
   EXPECT_EQ(runs(), std::vector<std::string>{"0"});
   ASSERT_EQ(exits_.size(), 1u);
@@ -143,7 +143,7 @@ TEST_F(SupervisorTest, SuccessRunsOnce) {
   EXPECT_EQ(exits_[0].signal, 0);
 }
 
-TEST_F(SupervisorTest, FailuresAreRetriedWithTheRestartCountInTheEnvironment) {
+TEST_F(SupervisorRuns, FailuresAreRetriedWithTheRestartCountInTheEnvironment) {
   auto o = options("[ \"$GPURUN_RESTART_COUNT\" -ge 2 ] && exit 0; exit 1", 3);
   EXPECT_EQ(gpurun::supervise(o), 0);
   EXPECT_EQ(runs(), (std::vector<std::string>{"0", "1", "2"}));
@@ -153,18 +153,18 @@ TEST_F(SupervisorTest, FailuresAreRetriedWithTheRestartCountInTheEnvironment) {
   EXPECT_EQ(exits_[2].exit_code, 0);
 }
 
-TEST_F(SupervisorTest, ExtraEnvironmentReachesTheChild) {
+TEST_F(SupervisorRuns, ExtraEnvironmentReachesTheChild) {
   auto o = options("[ \"$GPURUN_TEST_EXTRA\" = 'a b=c' ] && exit 0; exit 1");
   o.env["GPURUN_TEST_EXTRA"] = "a b=c";
   EXPECT_EQ(gpurun::supervise(o), 0);
 }
 
-TEST_F(SupervisorTest, GivesUpWithExitOneWhenRestartsAreUsedUp) {
+TEST_F(SupervisorRuns, GivesUpWithExitOneWhenRestartsAreUsedUp) {
   EXPECT_EQ(gpurun::supervise(options("exit 1", 1)), 1);
   EXPECT_EQ(runs(), (std::vector<std::string>{"0", "1"}));
 }
 
-TEST_F(SupervisorTest, ConfigAndResumeErrorsAreNotRetried) {
+TEST_F(SupervisorRuns, ConfigAndResumeErrorsAreNotRetried) {
   EXPECT_EQ(gpurun::supervise(options("exit 2", 3)), 2);
   EXPECT_EQ(runs().size(), 1u);
   stdfs::remove(dir_ + "/runs");
@@ -172,12 +172,12 @@ TEST_F(SupervisorTest, ConfigAndResumeErrorsAreNotRetried) {
   EXPECT_EQ(runs().size(), 1u);
 }
 
-TEST_F(SupervisorTest, ExitSeventyFiveIsReturnedWithoutRestart) {
+TEST_F(SupervisorRuns, ExitSeventyFiveIsReturnedWithoutRestart) {
   EXPECT_EQ(gpurun::supervise(options("exit 75", 3)), 75);
   EXPECT_EQ(runs().size(), 1u);
 }
 
-TEST_F(SupervisorTest, DeathBySignalIsRetried) {
+TEST_F(SupervisorRuns, DeathBySignalIsRetried) {
   auto o = options("[ \"$GPURUN_RESTART_COUNT\" -ge 1 ] && exit 0; kill -9 $$", 1);
   EXPECT_EQ(gpurun::supervise(o), 0);
   ASSERT_EQ(exits_.size(), 2u);
@@ -186,7 +186,7 @@ TEST_F(SupervisorTest, DeathBySignalIsRetried) {
   EXPECT_EQ(exits_[1].exit_code, 0);
 }
 
-TEST_F(SupervisorTest, HungWorkerIsKilledAndRestarted) {
+TEST_F(SupervisorRuns, HungWorkerIsKilledAndRestarted) {
   // `sleep` runs as a grandchild holding the stderr pipe: the whole process group must die.
   auto o = options("[ \"$GPURUN_RESTART_COUNT\" -ge 1 ] && exit 0; sleep 30; exit 0", 1);
   o.hang_timeout = 1;
@@ -203,7 +203,7 @@ TEST_F(SupervisorTest, HungWorkerIsKilledAndRestarted) {
   EXPECT_FALSE(exits_[1].hung);
 }
 
-TEST_F(SupervisorTest, HeartbeatKeepsASlowWorkerAlive) {
+TEST_F(SupervisorRuns, HeartbeatKeepsASlowWorkerAlive) {
   // Runs 1.5 s with hang_timeout 0.5 s, touching the heartbeat every 0.1 s.
   auto o = options(
       "i=0; while [ $i -lt 15 ]; do touch \"$DIR/heartbeat\"; sleep 0.1; "
@@ -216,7 +216,7 @@ TEST_F(SupervisorTest, HeartbeatKeepsASlowWorkerAlive) {
   EXPECT_GE(exits_[0].seconds, 1.4);
 }
 
-TEST_F(SupervisorTest, StaleOrFutureDatedHeartbeatDoesNotCount) {
+TEST_F(SupervisorRuns, StaleOrFutureDatedHeartbeatDoesNotCount) {
   // A heartbeat left by an earlier run, dated an hour ahead (a file server's clock): only a
   // change seen during this run is progress, so the hang is still caught.
   const std::string heartbeat = dir_ + "/heartbeat";
@@ -233,7 +233,7 @@ TEST_F(SupervisorTest, StaleOrFutureDatedHeartbeatDoesNotCount) {
   EXPECT_TRUE(exits_[0].hung);
 }
 
-TEST_F(SupervisorTest, BackoffDoublesUntilARunMakesProgress) {
+TEST_F(SupervisorRuns, BackoffDoublesUntilARunMakesProgress) {
   auto o = options("exit 1", 3);
   o.backoff_initial = 0.1;
   o.backoff_max = 0.3;
@@ -256,7 +256,7 @@ TEST_F(SupervisorTest, BackoffDoublesUntilARunMakesProgress) {
   EXPECT_NE(text.find("restart 1/2; restarting in 0.1 s"), std::string::npos) << text;
 }
 
-TEST_F(SupervisorTest, FailureReportHoldsTheLastStderrLines) {
+TEST_F(SupervisorRuns, FailureReportHoldsTheLastStderrLines) {
   // 30 lines, the last of them ended by '\r' only (an in-place progress line), then a crash.
   auto o = options(
       "i=10; while [ $i -lt 39 ]; do echo \"line-$i\" >&2; i=$((i+1)); done; "
@@ -275,7 +275,7 @@ TEST_F(SupervisorTest, FailureReportHoldsTheLastStderrLines) {
   EXPECT_EQ(text.find("line-19"), std::string::npos) << text;
 }
 
-TEST_F(SupervisorTest, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
+TEST_F(SupervisorRuns, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
   // A lone worker's heartbeat is the progress file; it is read once the worker is reaped, so
   // its last beat (written as it stops) is the step reported, not an earlier one.
   auto o = options(
@@ -291,7 +291,7 @@ TEST_F(SupervisorTest, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
       << log.text();
 }
 
-TEST_F(SupervisorTest, StopSignalIsForwardedAndNotRestarted) {
+TEST_F(SupervisorRuns, StopSignalIsForwardedAndNotRestarted) {
   auto o = options("trap 'exit 75' TERM; while true; do sleep 0.1; done", 3);
   std::thread stopper = stop_later(0.5, SIGTERM);
   const auto start = Clock::now();
@@ -303,7 +303,7 @@ TEST_F(SupervisorTest, StopSignalIsForwardedAndNotRestarted) {
   EXPECT_EQ(exits_[0].exit_code, 75);
 }
 
-TEST_F(SupervisorTest, InterruptIsForwardedAsTerminate) {
+TEST_F(SupervisorRuns, InterruptIsForwardedAsTerminate) {
   // A child that saw SIGINT directly (a scheduler signalling the whole job) and then ours would
   // read two interrupts as "stop without saving"; SIGTERM is forwarded instead.
   auto o = options("trap 'exit 75' TERM; trap 'exit 1' INT; while true; do sleep 0.1; done", 3);
@@ -313,7 +313,7 @@ TEST_F(SupervisorTest, InterruptIsForwardedAsTerminate) {
   EXPECT_EQ(runs().size(), 1u);
 }
 
-TEST_F(SupervisorTest, StopSignalDuringBackoffEndsWithoutRestart) {
+TEST_F(SupervisorRuns, StopSignalDuringBackoffEndsWithoutRestart) {
   auto o = options("exit 1", 3);
   o.backoff_initial = 10;
   o.backoff_max = 10;
@@ -325,7 +325,7 @@ TEST_F(SupervisorTest, StopSignalDuringBackoffEndsWithoutRestart) {
   EXPECT_EQ(runs().size(), 1u);
 }
 
-TEST_F(SupervisorTest, MissingBinaryIsNotRetried) {
+TEST_F(SupervisorRuns, MissingBinaryIsNotRetried) {
   auto o = options("exit 0", 3);
   o.argv = {dir_ + "/no-such-gpurun", "run.yaml"};
   EXPECT_EQ(gpurun::supervise(o), 1);

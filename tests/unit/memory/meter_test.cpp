@@ -227,6 +227,14 @@ TEST(MemoryMeter, MakeMeterRefusesUnsupportedDevices) {
   }
 }
 
+TEST(MemoryMeter, DeviceBytesAreTheMachinesWhateverTheLimit) {
+  const int64_t machine = make_cpu_meter(0)->capacity_bytes();
+  auto above = make_cpu_meter(int64_t{1} << 50);  // 1 PiB
+  EXPECT_EQ(above->capacity_bytes(), int64_t{1} << 50);  // on the CPU a limit is taken as given
+  EXPECT_EQ(above->device_bytes(), machine);
+  EXPECT_EQ(make_cpu_meter(123)->device_bytes(), machine);
+}
+
 TEST(MemoryMeter, PeakMatchesAllocator_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto meter = make_meter(c10::Device(c10::DeviceType::CUDA, 0), 0);
@@ -240,6 +248,7 @@ TEST(MemoryMeter, PeakMatchesAllocator_CUDA) {
   EXPECT_EQ(meter->peak_bytes() - base, 4 * kMiB);
   EXPECT_EQ(meter->current_bytes(), base);
   EXPECT_GT(meter->capacity_bytes(), 4 * kMiB);
+  EXPECT_EQ(meter->device_bytes(), meter->capacity_bytes());  // no limit
 }
 
 }  // namespace

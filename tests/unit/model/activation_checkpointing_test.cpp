@@ -58,6 +58,18 @@ TEST(Checkpointing, SetCheckpointedChecksTheNumberOfFlags) {
   EXPECT_TRUE(model.checkpointed().empty());
 }
 
+TEST(Checkpointing, EverySegmentOrNone) {
+  SegmentedModel model;
+  checkpoint_every_segment(model, true);  // no segments: nothing to checkpoint
+  EXPECT_TRUE(model.checkpointed().empty());
+  model.add_segment("a", nn::Sequential(nn::Linear(4, 4)));
+  model.add_segment("b", nn::Sequential(nn::Linear(4, 2)));
+  checkpoint_every_segment(model, true);
+  EXPECT_EQ(model.checkpointed(), (std::vector<bool>{true, true}));
+  checkpoint_every_segment(model, false);
+  EXPECT_TRUE(model.checkpointed().empty());
+}
+
 /// Parameters and gradients of one training run, after every step.
 struct Trace {
   std::vector<std::vector<at::Tensor>> grads, weights;
@@ -71,7 +83,7 @@ template <typename Make>
 Trace train(Make make, bool checkpoint, std::vector<int64_t> input_shape, int steps = 3) {
   torch::manual_seed(0);
   std::shared_ptr<SegmentedModel> model = make();
-  if (checkpoint) model->set_checkpointed(std::vector<bool>(model->segments().size(), true));
+  checkpoint_every_segment(*model, checkpoint);
   model->train();
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::manual_seed(1);

@@ -26,7 +26,7 @@ namespace {
 namespace stdfs = std::filesystem;
 using gpurun::IoError;
 
-class FsTest : public ::testing::Test {
+class FsFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = tmp_.path();
@@ -52,7 +52,7 @@ int errno_of(const std::function<void()>& f) {
   return 0;
 }
 
-TEST_F(FsTest, WriteThenReadReturnsTheSameBytes) {
+TEST_F(FsFiles, WriteThenReadReturnsTheSameBytes) {
   std::string data(3 << 20, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
   gpurun::fs::write_file(path("blob"), data);
@@ -63,7 +63,7 @@ TEST_F(FsTest, WriteThenReadReturnsTheSameBytes) {
   EXPECT_EQ(gpurun::fs::read_file(path("empty")), "");
 }
 
-TEST_F(FsTest, ReadOfMissingFileThrowsIoErrorWithEnoentAndPath) {
+TEST_F(FsFiles, ReadOfMissingFileThrowsIoErrorWithEnoentAndPath) {
   try {
     gpurun::fs::read_file(path("missing"));
     FAIL() << "no exception";
@@ -74,18 +74,18 @@ TEST_F(FsTest, ReadOfMissingFileThrowsIoErrorWithEnoentAndPath) {
   }
 }
 
-TEST_F(FsTest, WriteIntoMissingDirectoryThrows) {
+TEST_F(FsFiles, WriteIntoMissingDirectoryThrows) {
   EXPECT_EQ(errno_of([&] { gpurun::fs::write_file(path("no/such/file"), "x"); }), ENOENT);
 }
 
-TEST_F(FsTest, ReplaceFileReplacesContentAndLeavesNoTemporary) {
+TEST_F(FsFiles, ReplaceFileReplacesContentAndLeavesNoTemporary) {
   gpurun::fs::replace_file(path("LATEST"), "old\n");
   gpurun::fs::replace_file(path("LATEST"), "new\n");
   EXPECT_EQ(gpurun::fs::read_file(path("LATEST")), "new\n");
   EXPECT_EQ(entries(), std::vector<std::string>{"LATEST"});
 }
 
-TEST_F(FsTest, ReplaceFileReadersSeeOldOrNewContentNeverAMix) {
+TEST_F(FsFiles, ReplaceFileReadersSeeOldOrNewContentNeverAMix) {
   const std::string a(64 << 10, 'a'), b(96 << 10, 'b');
   gpurun::fs::replace_file(path("status.json"), a);
   std::atomic<bool> done{false};
@@ -105,21 +105,21 @@ TEST_F(FsTest, ReplaceFileReadersSeeOldOrNewContentNeverAMix) {
   EXPECT_EQ(entries(), std::vector<std::string>{"status.json"});
 }
 
-TEST_F(FsTest, ReplaceFileFailureKeepsTargetAndRemovesTemporary) {
+TEST_F(FsFiles, ReplaceFileFailureKeepsTargetAndRemovesTemporary) {
   stdfs::create_directories(path("LATEST/inside"));  // rename(2) over a non-empty directory fails
   EXPECT_THROW(gpurun::fs::replace_file(path("LATEST"), "x"), IoError);
   EXPECT_TRUE(stdfs::is_directory(path("LATEST/inside")));
   EXPECT_EQ(entries(), std::vector<std::string>{"LATEST"});
 }
 
-TEST_F(FsTest, AppendLineAddsOneNewlineTerminatedLine) {
+TEST_F(FsFiles, AppendLineAddsOneNewlineTerminatedLine) {
   gpurun::fs::append_line(path("metrics.jsonl"), R"({"event":"step","global_step":1})");
   gpurun::fs::append_line(path("metrics.jsonl"), R"({"event":"step","global_step":2})");
   EXPECT_EQ(gpurun::fs::read_file(path("metrics.jsonl")),
             "{\"event\":\"step\",\"global_step\":1}\n{\"event\":\"step\",\"global_step\":2}\n");
 }
 
-TEST_F(FsTest, ConcurrentAppendersNeverInterleaveWithinALine) {
+TEST_F(FsFiles, ConcurrentAppendersNeverInterleaveWithinALine) {
   constexpr int kThreads = 4, kLines = 200;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -142,7 +142,7 @@ TEST_F(FsTest, ConcurrentAppendersNeverInterleaveWithinALine) {
   EXPECT_EQ(lines.size(), static_cast<size_t>(kThreads * kLines));
 }
 
-TEST_F(FsTest, RenameDurableMovesAndThrowsForMissingSource) {
+TEST_F(FsFiles, RenameDurableMovesAndThrowsForMissingSource) {
   gpurun::fs::make_dirs(path("sub"));
   gpurun::fs::write_file(path("a"), "content");
   gpurun::fs::rename_durable(path("a"), path("sub/b"));
@@ -151,25 +151,25 @@ TEST_F(FsTest, RenameDurableMovesAndThrowsForMissingSource) {
   EXPECT_EQ(errno_of([&] { gpurun::fs::rename_durable(path("a"), path("c")); }), ENOENT);
 }
 
-TEST_F(FsTest, SyncDirWorksOnADirectoryAndThrowsForAMissingOne) {
+TEST_F(FsFiles, SyncDirWorksOnADirectoryAndThrowsForAMissingOne) {
   EXPECT_NO_THROW(gpurun::fs::sync_dir(dir_));
   EXPECT_EQ(errno_of([&] { gpurun::fs::sync_dir(path("missing")); }), ENOENT);
 }
 
-TEST_F(FsTest, MakeDirsCreatesNestedDirectoriesAndAcceptsExistingOnes) {
+TEST_F(FsFiles, MakeDirsCreatesNestedDirectoriesAndAcceptsExistingOnes) {
   gpurun::fs::make_dirs(path("a/b/c/"));
   EXPECT_TRUE(stdfs::is_directory(path("a/b/c")));
   EXPECT_NO_THROW(gpurun::fs::make_dirs(path("a/b/c")));
   EXPECT_NO_THROW(gpurun::fs::make_dirs(path("a")));
 }
 
-TEST_F(FsTest, MakeDirsThroughARegularFileThrowsEnotdir) {
+TEST_F(FsFiles, MakeDirsThroughARegularFileThrowsEnotdir) {
   gpurun::fs::write_file(path("file"), "x");
   EXPECT_EQ(errno_of([&] { gpurun::fs::make_dirs(path("file")); }), ENOTDIR);
   EXPECT_EQ(errno_of([&] { gpurun::fs::make_dirs(path("file/sub")); }), ENOTDIR);
 }
 
-TEST_F(FsTest, RemoveAllRemovesATreeAndIgnoresAMissingPath) {
+TEST_F(FsFiles, RemoveAllRemovesATreeAndIgnoresAMissingPath) {
   gpurun::fs::make_dirs(path("t/u"));
   gpurun::fs::write_file(path("t/u/f"), "x");
   gpurun::fs::remove_all(path("t"));
@@ -177,7 +177,7 @@ TEST_F(FsTest, RemoveAllRemovesATreeAndIgnoresAMissingPath) {
   EXPECT_NO_THROW(gpurun::fs::remove_all(path("t")));
 }
 
-TEST_F(FsTest, ExistsFileSizeAndListDir) {
+TEST_F(FsFiles, ExistsFileSizeAndListDir) {
   EXPECT_EQ(gpurun::fs::list_dir(path("missing")), std::vector<std::string>{});
   gpurun::fs::write_file(path("b"), "12345");
   gpurun::fs::make_dirs(path("a"));
