@@ -98,6 +98,11 @@ class Checkpointer {
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
+  /// For messages: which steps up to `reached` (unknown: nullopt) no complete checkpoint
+  /// holds and where the newest complete checkpoint is ("global step N is saved in PATH"
+  /// when it holds `reached`).
+  std::string not_saved(std::optional<int64_t> reached) const;
+
  private:
   using Clock = std::chrono::steady_clock;
   const RunConfig& config_;
@@ -109,9 +114,6 @@ class Checkpointer {
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
   CheckpointWriter writer_;
   std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
-  // Which steps up to `reached` (unknown: nullopt) no complete checkpoint holds, and where
-  // the newest complete checkpoint is, for error messages.
-  std::string not_saved(std::optional<int64_t> reached) const;
   void check_lease() const;
 
   int64_t failed_saves_ = 0;

@@ -1,8 +1,8 @@
 #include "report/reporter.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,13 +14,91 @@
 #include <fstream>
 #include <iostream>
 
+#include <spdlog/sinks/sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "gpurun/errors.h"
-#include "util/fs.h"
 #include "util/clock.h"
+#include "util/fs.h"
 
 namespace gpurun {
+
+/// The progress line drawn in place on a terminal. Log lines are written around it: the line
+/// is erased, the log line written, and the progress line drawn again below it.
+class ProgressLine {
+ public:
+  void draw(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    text_ = text;
+    open_ = true;
+    std::fprintf(stderr, "\r\033[K%s", text_.c_str());
+    std::fflush(stderr);
+  }
+
+  void erase() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_) {
+      std::fputs("\r\033[K", stderr);
+      std::fflush(stderr);
+    }
+    open_ = false;
+  }
+
+  template <class WriteLine>
+  void around(WriteLine&& write_line) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_) {
+      std::fputs("\r\033[K", stderr);
+      std::fflush(stderr);
+    }
+    write_line();
+    if (open_) {
+      std::fputs(text_.c_str(), stderr);
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string text_;
+  bool open_ = false;
+};
+
+namespace {
+
+/// A console sink wrapped so that its lines go around the progress line.
+class AroundProgressSink final : public spdlog::sinks::sink {
+ public:
+  AroundProgressSink(std::shared_ptr<spdlog::sinks::sink> inner, std::shared_ptr<ProgressLine> line)
+      : inner_(std::move(inner)), line_(std::move(line)) {
+    set_level(inner_->level());
+  }
+  void log(const spdlog::details::log_msg& msg) override {
+    if (!inner_->should_log(msg.level)) return;
+    line_->around([&] { inner_->log(msg); });
+  }
+  void flush() override { inner_->flush(); }
+  void set_pattern(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> formatter) override {
+    inner_->set_formatter(std::move(formatter));
+  }
+  const std::shared_ptr<spdlog::sinks::sink>& inner() const { return inner_; }
+
+ private:
+  std::shared_ptr<spdlog::sinks::sink> inner_;
+  std::shared_ptr<ProgressLine> line_;
+};
+
+bool writes_to_stderr(const std::shared_ptr<spdlog::sinks::sink>& sink) {
+  using spdlog::details::console_mutex;
+  return std::dynamic_pointer_cast<spdlog::sinks::ansicolor_stderr_sink<console_mutex>>(sink) ||
+         std::dynamic_pointer_cast<spdlog::sinks::stderr_sink<console_mutex>>(sink);
+}
+
+}  // namespace
+
 Reporter::Reporter(std::string run_dir, bool enabled, int rank)
     : run_dir_(std::move(run_dir)),
       enabled_(enabled),
@@ -30,11 +108,26 @@ Reporter::Reporter(std::string run_dir, bool enabled, int rank)
   fs::make_dirs(run_dir_);
   status_["pid"] = static_cast<int64_t>(getpid());
   status_["host"] = host_name();
+  if (enabled_ && tty_) {
+    line_ = std::make_shared<ProgressLine>();
+    for (auto& sink : spdlog::default_logger()->sinks()) {
+      if (!writes_to_stderr(sink)) continue;
+      original_sinks_.push_back(sink);
+      sink = std::make_shared<AroundProgressSink>(sink, line_);
+    }
+  }
 }
 
-Reporter::~Reporter() { flush_heartbeat(); }
+Reporter::~Reporter() {
+  flush_heartbeat();
+  for (auto& sink : spdlog::default_logger()->sinks())
+    if (auto wrapped = std::dynamic_pointer_cast<AroundProgressSink>(sink))
+      for (const auto& original : original_sinks_)
+        if (wrapped->inner() == original) sink = original;
+}
 
 void Reporter::event(const std::string& name, nlohmann::json fields) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   flush_heartbeat();
   if (!enabled_) return;
   nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
@@ -44,12 +137,14 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   } catch (const IoError& e) {
     // Like status.json: a full or read-only disk must not stop training over its log; the
     // checkpoints on it report their own failures (checkpoint.max_failures).
-    if (!metrics_failed_) spdlog::warn("could not append to metrics.jsonl: {}; training goes on", e.what());
+    if (!metrics_failed_)
+      spdlog::warn("could not append to metrics.jsonl: {}; training goes on", e.what());
     metrics_failed_ = true;
   }
 }
 
 void Reporter::status(const nlohmann::json& fields, bool force) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   status_.update(fields);
   auto now = std::chrono::steady_clock::now();
   if (!enabled_ || (!force && now - last_status_ < std::chrono::seconds(10))) return;
@@ -63,6 +158,15 @@ void Reporter::status(const nlohmann::json& fields, bool force) {
   }
 }
 
+bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& status_fields) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (ended_) return false;
+  ended_ = true;
+  event("done", done_fields);
+  status(status_fields, true);
+  return true;
+}
+
 void Reporter::progress(const std::string& line, bool force) {
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
@@ -70,16 +174,16 @@ void Reporter::progress(const std::string& line, bool force) {
   if (!force && last_progress_.time_since_epoch().count() != 0 && now - last_progress_ < every)
     return;
   last_progress_ = now;
-  if (tty_) {
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    progress_open_ = true;
+  if (line_) {
+    line_->draw(line);
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
   }
-  std::fflush(stderr);
 }
 
 void Reporter::heartbeat(int64_t global_step) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   heartbeat_step_ = global_step;
   auto now = std::chrono::steady_clock::now();
   if (now - last_heartbeat_ < std::chrono::seconds(1)) return;
@@ -88,6 +192,7 @@ void Reporter::heartbeat(int64_t global_step) {
 }
 
 void Reporter::flush_heartbeat() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (heartbeat_step_ >= 0 && heartbeat_step_ != written_step_) write_heartbeat();
 }
 
@@ -125,8 +230,7 @@ int64_t read_heartbeat_step(const std::string& path) {
 }
 
 void Reporter::end_progress() {
-  if (progress_open_) std::fputc('\n', stderr);
-  progress_open_ = false;
+  if (line_) line_->erase();
 }
 
 std::string format_duration(double seconds) {

@@ -1,22 +1,36 @@
 // What a run tells the user and the tools watching it (docs/architecture.md, "Run directory"):
 // metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
-// periodic lines when stderr is a file.
+// periodic lines when stderr is a file. On a terminal, every log line clears the progress
+// line first and draws it again after, so that the screen never keeps a stale one.
 #pragma once
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+namespace spdlog::sinks {
+class sink;
+}
+
 namespace gpurun {
 
+class ProgressLine;
+
+/// Thread-safe: a stop that cannot wait for the training thread records itself from another
+/// one (signals.h, set_immediate_stop_action).
 class Reporter {
  public:
   /// `run_dir` is created when missing. With `enabled` false (ranks other than 0) nothing is
-  /// written but the heartbeat of `rank`. Throws IoError.
+  /// written but the heartbeat of `rank`. On a terminal, wraps the default logger's console
+  /// sinks so that log lines clear and redraw the progress line. Throws IoError.
   Reporter(std::string run_dir, bool enabled, int rank = 0);
-  /// Writes the heartbeat's last step if the file does not hold it yet (flush_heartbeat).
+  /// Writes the heartbeat's last step if the file does not hold it yet (flush_heartbeat), and
+  /// gives the logger its sinks back.
   ~Reporter();
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
@@ -30,6 +44,11 @@ class Reporter {
   /// write is 10 s old or more. Adds pid, host and the update time.
   void status(const nlohmann::json& fields, bool force = false);
 
+  /// The end of the run: the `done` event with `done_fields`, then status.json with
+  /// `status_fields` merged, written at once. Only the first call writes (false for the
+  /// others), so that the training thread and an immediate stop never record two ends.
+  bool end_run(const nlohmann::json& done_fields, const nlohmann::json& status_fields);
+
   /// Shows "epoch 2/5  step 340/1170  loss 0.4123  812 samples/s  ETA 3m12s"; on a terminal
   /// in place at most every 0.25 s, otherwise one line at most every 10 s (or when `force`).
   void progress(const std::string& line, bool force = false);
@@ -42,7 +61,8 @@ class Reporter {
   /// Writes the last step given to heartbeat() when the file does not hold it yet.
   void flush_heartbeat();
 
-  /// Ends an in-place progress line before other output.
+  /// Erases an in-place progress line for good (until the next progress()): before the run's
+  /// last words, so that no progress line is drawn after them.
   void end_progress();
 
   const std::string& run_dir() const { return run_dir_; }
@@ -54,10 +74,14 @@ class Reporter {
   int64_t heartbeat_step_ = -1;  ///< the last step given to heartbeat(), -1 before the first
   int64_t written_step_ = -1;    ///< the step the heartbeat file holds, -1 when none written
   bool tty_;
-  bool progress_open_ = false;
   bool metrics_failed_ = false;  ///< warned once about an unwritable metrics.jsonl
+  bool ended_ = false;           ///< end_run() wrote the done event
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
+  std::recursive_mutex mutex_;  ///< everything above; recursive for end_run's event + status
+  std::shared_ptr<ProgressLine> line_;  ///< the terminal's progress line; null off a terminal
+  /// The logger's sinks before they were wrapped, restored by the destructor.
+  std::vector<std::shared_ptr<spdlog::sinks::sink>> original_sinks_;
 
   void write_heartbeat();
 };

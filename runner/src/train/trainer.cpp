@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -119,6 +120,8 @@ class Trainer {
         trace_(rank_),
         peaks_(*session_.meter) {}
 
+  ~Trainer() { set_immediate_stop_action(nullptr); }
+
   void run() {
     try {
       model_source_ = describe_model_source(config_);
@@ -147,6 +150,12 @@ class Trainer {
         interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
       }
       started_ = true;
+      reached_step_ = global_step_;
+      reached_epoch_ = epoch_;
+      set_immediate_stop_action([this](int sig) { stop_now(sig); });
+      // Training starts here: the rates and the ETA count from this moment (the plan event's).
+      session_start_ = interval_start_ = Clock::now();
+      session_first_step_ = global_step_;
       reporter_.event("plan", plan_.to_json());
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
@@ -159,26 +168,77 @@ class Trainer {
       reporter_.end_progress();
       spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
                    model_digest(*model_));
-      reporter_.event("done", {{"exit_code", 0}, {"global_step", global_step_}});
-      reporter_.status({{"state", "finished"},
-                        {"eta_seconds", 0},
-                        {"epoch", epoch_},
-                        {"global_step", global_step_}},
-                       true);
+      nlohmann::json final_status = where_it_ended();
+      final_status.update({{"state", "finished"}, {"eta_seconds", 0}});
+      reporter_.end_run({{"exit_code", 0}, {"global_step", global_step_}}, final_status);
     } catch (const std::exception& e) {
       reporter_.end_progress();
       // A run refused before it started (directory held, config changed) leaves the metrics
       // and status of the run that owns the directory as they were.
       if (!started_) throw;
       const int code = exit_code_for(e);
-      reporter_.event("done", {{"exit_code", code}, {"error", e.what()}});
-      reporter_.status({{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}},
-                       true);
+      nlohmann::json final_status = where_it_ended();
+      final_status.update(
+          {{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}});
+      reporter_.end_run({{"exit_code", code}, {"error", e.what()}}, final_status);
       throw;
     }
   }
 
  private:
+  /// status.json's fields of the step where the run ended: its epoch, its step and the loss of
+  /// its last step (not of the last logged one).
+  nlohmann::json where_it_ended() const {
+    nlohmann::json fields = {{"epoch", epoch_}, {"global_step", global_step_}};
+    if (last_loss_) fields["loss"] = *last_loss_;
+    return fields;
+  }
+
+  /// A second interrupt (signals.h), on the signal thread while training goes on: records the
+  /// stop at the step reached, naming the newest complete checkpoint; the process then exits
+  /// 75. Reads only what is safe from another thread: the atomic step and the files.
+  void stop_now(int sig) {
+    const int64_t step = reached_step_.load();
+    std::string newest;
+    int64_t newest_step = -1;
+    if (rank_ == 0) {
+      try {
+        // Sizes against the manifests, no checksums: quick, and these are this run's own.
+        const std::vector<CheckpointInfo> infos = CheckpointView(options_.ckpt_dir).list(false);
+        if (const CheckpointInfo* info = CheckpointView::newest_complete(infos)) {
+          newest = info->path;
+          newest_step = info->global_step;
+        }
+      } catch (const std::exception&) {
+        newest.clear();  // the directory cannot be read: say so rather than guess
+      }
+    }
+    std::string saved;
+    if (rank_ != 0)
+      saved = "rank 0 names the newest complete checkpoint";
+    else if (newest.empty())
+      saved =
+          "nothing of this run is saved: there is no complete checkpoint in " + options_.ckpt_dir;
+    else if (newest_step == step)
+      saved = "global step " + std::to_string(step) + " is saved in " + newest;
+    else
+      saved = "the newest complete checkpoint is " + newest + " (global step " +
+              std::to_string(newest_step) + ")";
+    const std::string message = "second interrupt at global step " + std::to_string(step) +
+                                ": stopped at once, without waiting for a checkpoint; " + saved +
+                                "; run again with --resume";
+    reporter_.end_progress();
+    spdlog::warn("{}", message);
+    reporter_.event("signal", {{"signal", sig}, {"global_step", step}, {"immediate", true}});
+    nlohmann::json status = {{"state", "stopped"},
+                             {"epoch", reached_epoch_.load()},
+                             {"global_step", step},
+                             {"error", message}};
+    if (!newest.empty()) status["last_checkpoint"] = newest;
+    reporter_.end_run({{"exit_code", kExitSignal}, {"error", message}, {"global_step", step}},
+                      status);
+  }
+
   /// Rank > 0's dropout stream: a function of the seed and the rank only.
   uint64_t rank_seed() const {
     return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
@@ -279,12 +339,14 @@ class Trainer {
     reporter_.status({{"last_checkpoint", loaded->info.path}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
-    if (meta.world_size != world_)
-      spdlog::info(
+    // Once, by rank 0: the gradients are now summed over another set of shards.
+    if (meta.world_size != world_ && rank_ == 0)
+      spdlog::warn(
           "the checkpoint was written by {} rank(s), this run has {}: the global batch "
           "and the position in the epoch's order are kept, so every sample of the epoch "
-          "is seen exactly once",
-          meta.world_size, world_);
+          "is seen exactly once, but the run is not bit-identical to one that kept {} "
+          "rank(s) (gradients are summed in another order: the last bits differ)",
+          meta.world_size, world_, meta.world_size);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"epoch", epoch_},
@@ -314,6 +376,8 @@ class Trainer {
       trace_.record(global_step_, epoch_, shard);
       position_ += window;
       ++global_step_;
+      reached_step_ = global_step_;
+      reached_epoch_ = epoch_;
       epoch_loss_sum_ += loss * window;
       epoch_loss_samples_ += window;
       fault_point("after_step", global_step_);
@@ -328,7 +392,6 @@ class Trainer {
     const auto [eval_loss, eval_accuracy] = evaluate();
     peaks_.enter(nullptr);
     const double seconds = seconds_since(epoch_start);
-    reporter_.end_progress();
     const double train_loss = epoch_loss_samples_ ? epoch_loss_sum_ / epoch_loss_samples_ : 0.0;
     spdlog::info(
         "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
@@ -428,22 +491,39 @@ class Trainer {
     return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
   }
 
+  /// Seconds left at the mean time per step of this process so far, evaluation and saves
+  /// included; -1 before the first step.
+  double eta_seconds(Clock::time_point now) const {
+    const int64_t done = global_step_ - session_first_step_;
+    if (done <= 0) return -1;
+    return static_cast<double>(total_steps_ - global_step_) *
+           std::chrono::duration<double>(now - session_start_).count() / done;
+  }
+
   void after_step(double loss, int64_t window) {
-    // samples/s over the steps since the last report, which excludes evaluation and saves.
+    // samples/s over the wall time since the last step event (the first: since training
+    // started), which includes epoch ends, evaluation and saves like the samples it counts.
     interval_samples_ += window;
     interval_loss_ += loss * window;
-    const double elapsed = seconds_since(interval_start_);
-    const int64_t remaining = total_steps_ - global_step_;
-    const double eta = throughput_ > 0 ? remaining * plan_.global_batch / throughput_ : -1;
-    reporter_.progress(progress_line(loss, eta));
-    if (global_step_ % config_.log.every_steps != 0) return;
+    last_loss_ = loss;
+    const auto step_end = Clock::now();
+    const double eta = eta_seconds(step_end);
+    // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
+    const bool epoch_end = position_ >= data_.train->size();
+    if (global_step_ % config_.log.every_steps != 0) {
+      reporter_.progress(progress_line(loss, eta), epoch_end);
+      return;
+    }
+    const double elapsed = std::chrono::duration<double>(step_end - interval_start_).count();
     throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    reporter_.progress(progress_line(loss, eta), epoch_end);
     const double mean_loss = interval_loss_ / interval_samples_;
     nlohmann::json fields = {{"epoch", epoch_},
                              {"global_step", global_step_},
                              {"loss", mean_loss},
                              {"lr", lr_},
                              {"samples_per_second", throughput_}};
+    fields["eta_seconds"] = eta;
     if (comm_) {
       // What the gradient synchronisation moved per optimizer step since the last report.
       const CollectiveStats& now = comm_->stats();
@@ -466,16 +546,22 @@ class Trainer {
                       {"eta_seconds", eta}});
     interval_samples_ = 0;
     interval_loss_ = 0;
-    interval_start_ = Clock::now();
+    interval_start_ = step_end;
   }
 
   std::string progress_line(double loss, double eta) const {
+    // Before the first step event: the rate so far.
+    double rate = throughput_;
+    if (rate <= 0) {
+      const double elapsed = seconds_since(interval_start_);
+      rate = elapsed > 0 ? interval_samples_ / elapsed : 0;
+    }
     char buf[160];
     std::snprintf(buf, sizeof buf,
                   "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                   static_cast<long long>(epoch_ + 1), static_cast<long long>(config_.train.epochs),
                   static_cast<long long>(global_step_), static_cast<long long>(total_steps_), loss,
-                  throughput_, format_duration(eta).c_str());
+                  rate, format_duration(eta).c_str());
     return buf;
   }
 
@@ -507,7 +593,6 @@ class Trainer {
     const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
     checkpointer_.save(std::move(meta), *model_, *optimizer_);
     peaks_.enter(was);
-    interval_start_ = Clock::now();  // keep the save out of the samples/s measurement
   }
 
   /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
@@ -530,6 +615,7 @@ class Trainer {
     reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
     if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
     checkpointer_.drain();
+    if (rank_ == 0) spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
     if (comm_) comm_->barrier();
     throw Stopped(sig);
   }
@@ -558,9 +644,14 @@ class Trainer {
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
-  bool started_ = false;  ///< past the lease, directory and resume checks
+  /// global_step_ and epoch_ after the last step, for the immediate-stop thread.
+  std::atomic<int64_t> reached_step_{0}, reached_epoch_{0};
+  std::optional<double> last_loss_;  ///< of the last optimizer step of this process
+  bool started_ = false;             ///< past the lease, directory and resume checks
   double lr_ = 0;
-  Clock::time_point interval_start_ = Clock::now();
+  Clock::time_point session_start_ = Clock::now();   ///< training's start in this process
+  int64_t session_first_step_ = 0;                   ///< the global step it started from
+  Clock::time_point interval_start_ = Clock::now();  ///< the last step event (or the start)
   int64_t interval_samples_ = 0;
   double interval_loss_ = 0, throughput_ = 0;
 };

@@ -1,10 +1,15 @@
 #include "util/signals.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "gpurun/errors.h"
 
@@ -12,16 +17,56 @@ namespace gpurun {
 namespace {
 std::atomic<int> g_signal{0};
 std::atomic<int> g_interrupts{0};
+/// Write end of the pipe that wakes the immediate-stop thread; -1 until one is started.
+std::atomic<int> g_wake_fd{-1};
+std::mutex g_action_mutex;
+std::function<void(int)> g_action;  ///< guarded by g_action_mutex
+
+void exit_now() {
+  static const char msg[] = "\ngpurun: second interrupt, stopping now; run again with --resume\n";
+  ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+  _exit(kExitSignal);
+}
 
 void on_signal(int sig) {
-  if (sig == SIGINT && g_interrupts.fetch_add(1) >= 1) {
-    static const char msg[] = "\ngpurun: second interrupt, stopping now\n";
-    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)ignored;
-    _exit(kExitSignal);
+  if (sig == SIGINT) {
+    const int earlier = g_interrupts.fetch_add(1);
+    const int wake = g_wake_fd.load();
+    // The second: wake the thread that records the stop (write(2) is async-signal-safe);
+    // a third, or no such thread: out at once.
+    if (earlier == 1 && wake >= 0) {
+      const char byte = static_cast<char>(sig);
+      if (write(wake, &byte, 1) == 1) return;
+    }
+    if (earlier >= 1) exit_now();
   }
   int expected = 0;
   g_signal.compare_exchange_strong(expected, sig);
+}
+
+void immediate_stop_loop(int read_fd) {
+  for (;;) {
+    char byte = 0;
+    const ssize_t n = read(read_fd, &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1) return;
+    std::lock_guard<std::mutex> lock(g_action_mutex);
+    if (!g_action) exit_now();
+    try {
+      g_action(static_cast<unsigned char>(byte));
+    } catch (...) {
+      // The stop goes on: exit 75 with what is recorded.
+    }
+    _exit(kExitSignal);
+  }
+}
+
+void start_immediate_stop_thread() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+  std::thread(immediate_stop_loop, fds[0]).detach();
+  g_wake_fd.store(fds[1]);
 }
 }  // namespace
 
@@ -46,6 +91,13 @@ void clear_stop_signal() noexcept {
 void request_stop(int signal_number) noexcept {
   int expected = 0;
   g_signal.compare_exchange_strong(expected, signal_number);
+}
+
+void set_immediate_stop_action(std::function<void(int)> action) {
+  static std::once_flag started;
+  if (action) std::call_once(started, start_immediate_stop_thread);
+  std::lock_guard<std::mutex> lock(g_action_mutex);
+  g_action = std::move(action);
 }
 
 std::string signal_name(int signal_number) {

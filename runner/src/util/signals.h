@@ -3,11 +3,13 @@
 // session). SIGPIPE is ignored, so that a closed output pipe cannot kill a run mid-save.
 //
 // The handlers only record the signal; the trainer polls stop_signal() at every step boundary,
-// writes a checkpoint and exits 75 (kExitSignal). A second SIGINT exits 75 at once, without
-// touching the last complete checkpoint (a save in flight leaves a .tmp- folder that the next
-// run cleans).
+// writes a checkpoint and exits 75 (kExitSignal). A second SIGINT stops at once, without
+// waiting for the step or a checkpoint (a save in flight leaves a .tmp- folder that the next
+// run cleans; the last complete checkpoint is untouched): the immediate-stop action runs to
+// record the stop, then the process exits 75. A third SIGINT exits 75 without waiting for it.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace gpurun {
@@ -23,6 +25,14 @@ void clear_stop_signal() noexcept;
 
 /// Records a stop request as if `signal_number` had arrived (used by the fault hooks).
 void request_stop(int signal_number) noexcept;
+
+/// What a second SIGINT does before the process exits 75: `action` gets the signal number and
+/// runs on a thread of its own (never inside the handler, so it may log and write files), while
+/// the rest of the process goes on; it should only record the stop, quickly. An empty
+/// `action` restores the plain exit (a message and exit 75). Waits for an action that is
+/// running, so that an owner's destructor may clear it safely. Throws std::system_error when
+/// the thread or its pipe cannot be created.
+void set_immediate_stop_action(std::function<void(int signal_number)> action);
 
 /// "SIGTERM" for a signal glibc has an abbreviation for (sigabbrev_np), else "signal 35"
 /// (real-time signals, 0, numbers out of range).
