@@ -51,7 +51,6 @@ char delimiter_char(const std::string& delimiter) {
   return delimiter.empty() ? ',' : delimiter[0];
 }
 
-
 struct Row {
   size_t line = 0;  ///< 1-based line where the record starts
   std::vector<std::string> fields;
@@ -97,7 +96,8 @@ std::vector<Row> parse_records(const std::string& text, char delimiter, const st
       } else {
         for (; i < n && text[i] != delimiter && text[i] != '\n'; ++i) {
           if (text[i] == '"')
-            fail(line, "a quote inside an unquoted field (quote the whole field, and double the quote)");
+            fail(line,
+                 "a quote inside an unquoted field (quote the whole field, and double the quote)");
           field += text[i];
         }
         if (!field.empty() && field.back() == '\r' && (i >= n || text[i] == '\n')) field.pop_back();
@@ -135,13 +135,14 @@ struct Table {
   size_t label = 0;                ///< index of the label column
   std::vector<float> features;     ///< row-major
   std::vector<std::string> labels;
-  std::vector<size_t> lines;       ///< line of each row, for messages
+  std::vector<size_t> lines;  ///< line of each row, for messages
   int64_t rows() const { return static_cast<int64_t>(labels.size()); }
 };
 
 Table read_table(const std::string& path, const char* key, const DataConfig& c) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(std::string(key) + ": cannot read " + path + ": " + std::strerror(errno));
+  if (!in)
+    throw ConfigError(std::string(key) + ": cannot read " + path + ": " + std::strerror(errno));
   std::stringstream buffer;
   buffer << in.rdbuf();
   std::vector<Row> rows = parse_records(buffer.str(), delimiter_char(c.delimiter), path);
@@ -181,7 +182,8 @@ Table read_table(const std::string& path, const char* key, const DataConfig& c) 
     const std::string where = path + ":" + std::to_string(row.line) + ": ";
     if (row.fields.size() != columns)
       throw ConfigError(where + std::to_string(row.fields.size()) + " fields, expected " +
-                        std::to_string(columns) + " (as in line " + std::to_string(width_line) + ")");
+                        std::to_string(columns) + " (as in line " + std::to_string(width_line) +
+                        ")");
     for (size_t k = 0; k < columns; ++k) {
       std::string field = trimmed(row.fields[k]);
       if (k == t.label) {
@@ -194,13 +196,14 @@ Table read_table(const std::string& path, const char* key, const DataConfig& c) 
       const char* end = field.data() + field.size();
       const auto [ptr, ec] = std::from_chars(begin, end, value);
       if (field.empty() || ec != std::errc() || ptr != end || !std::isfinite(value))
-        throw ConfigError(where + "column " + std::to_string(k) + " (" + t.names[k] + "): " +
-                          quoted(row.fields[k]) + " is not a finite number");
+        throw ConfigError(where + "column " + std::to_string(k) + " (" + t.names[k] +
+                          "): " + quoted(row.fields[k]) + " is not a finite number");
       t.features.push_back(value);
     }
     t.lines.push_back(row.line);
   }
-  if (t.labels.empty()) throw ConfigError(std::string(key) + ": " + path + " holds a header but no rows");
+  if (t.labels.empty())
+    throw ConfigError(std::string(key) + ": " + path + " holds a header but no rows");
   return t;
 }
 
@@ -238,7 +241,8 @@ DatasetSplits load_csv(const DataConfig& c) {
   const auto to_tensors = [&](const Table& t) {
     std::vector<int64_t> y;
     for (const auto& label : t.labels) y.push_back(indices ? std::stoll(label) : class_of[label]);
-    at::Tensor x = at::from_blob(const_cast<float*>(t.features.data()), {t.rows(), width}, at::kFloat).clone();
+    at::Tensor x =
+        at::from_blob(const_cast<float*>(t.features.data()), {t.rows(), width}, at::kFloat).clone();
     return std::make_pair(x, at::from_blob(y.data(), {t.rows()}, at::kLong).clone());
   };
   auto [train_x, train_y] = to_tensors(train);
@@ -250,9 +254,10 @@ DatasetSplits load_csv(const DataConfig& c) {
     const int64_t n = train.rows();
     const auto held = static_cast<int64_t>(std::llround(c.eval_fraction * n));
     if (held < 1 || held >= n)
-      throw ConfigError("data.eval_fraction " + std::to_string(c.eval_fraction) + " of the " +
-                        std::to_string(n) + " rows of " + c.path +
-                        " leaves no evaluation or no training rows; change it or give data.eval_path");
+      throw ConfigError(
+          "data.eval_fraction " + std::to_string(c.eval_fraction) + " of the " + std::to_string(n) +
+          " rows of " + c.path +
+          " leaves no evaluation or no training rows; change it or give data.eval_path");
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed));
     at::Tensor order = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
     at::Tensor eval_rows = order.narrow(0, 0, held), train_rows = order.narrow(0, held, n - held);
@@ -278,7 +283,7 @@ DatasetSplits load_csv(const DataConfig& c) {
   // Standardised with the training split's statistics; a constant column is only centred.
   at::Tensor mean = train_x.mean({0}, /*keepdim=*/true);
   at::Tensor scale = train_x.size(0) > 1 ? train_x.std({0}, /*unbiased=*/true, /*keepdim=*/true)
-                                          : at::ones_like(mean);
+                                         : at::ones_like(mean);
   scale = at::where(scale.gt(0), scale, at::ones_like(scale));
   DatasetSplits splits;
   splits.train = std::make_shared<TensorDataset>(train_x.sub(mean).div(scale), train_y);

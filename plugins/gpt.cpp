@@ -135,8 +135,10 @@ TORCH_MODULE(Block);
 std::shared_ptr<SegmentedModel> make_gpt(const ModelConfig& c, const std::vector<int64_t>& shape,
                                          int64_t vocabulary) {
   if (shape.size() != 1)
-    throw ConfigError("model gpt needs token sequences [time] (data.name text); the dataset gives "
-                      "samples of " + std::to_string(shape.size()) + " dimensions");
+    throw ConfigError(
+        "model gpt needs token sequences [time] (data.name text); the dataset gives "
+        "samples of " +
+        std::to_string(shape.size()) + " dimensions");
   if (c.width % c.heads != 0)
     throw ConfigError("model.width must be divisible by model.heads, got " +
                       std::to_string(c.width) + " and " + std::to_string(c.heads));

@@ -41,8 +41,7 @@ at::Tensor read_idx(const std::string& path, int expected_dims, int64_t limit) {
     while (done < bytes) {
       int n = gzread(f.get(), static_cast<char*>(buf) + done,
                      static_cast<unsigned>(std::min<size_t>(bytes - done, 1u << 30)));
-      if (n <= 0)
-        throw ConfigError("data.path: " + path + " is truncated or not a valid IDX file");
+      if (n <= 0) throw ConfigError("data.path: " + path + " is truncated or not a valid IDX file");
       done += static_cast<size_t>(n);
     }
   };
@@ -55,7 +54,11 @@ at::Tensor read_idx(const std::string& path, int expected_dims, int64_t limit) {
   if ((magic >> 8) != 0x08 || static_cast<int>(magic & 0xff) != expected_dims)
     throw ConfigError("data.path: " + path + " is not an IDX file of " +
                       std::to_string(expected_dims) + "-dimensional unsigned bytes (magic 0x" +
-                      [&] { char s[9]; std::snprintf(s, sizeof s, "%08x", magic); return std::string(s); }() +
+                      [&] {
+                        char s[9];
+                        std::snprintf(s, sizeof s, "%08x", magic);
+                        return std::string(s);
+                      }() +
                       ")");
   std::vector<int64_t> sizes;
   for (int d = 0; d < expected_dims; ++d) sizes.push_back(read_u32());
@@ -67,8 +70,9 @@ at::Tensor read_idx(const std::string& path, int expected_dims, int64_t limit) {
 
 DatasetSplits load_idx(const DataConfig& c) {
   if (!std::filesystem::is_directory(c.path))
-    throw ConfigError("data.path: " + c.path + " is not a directory" +
-                      (c.path == DataConfig{}.path ? " (apt-get install dataset-fashion-mnist)" : ""));
+    throw ConfigError(
+        "data.path: " + c.path + " is not a directory" +
+        (c.path == DataConfig{}.path ? " (apt-get install dataset-fashion-mnist)" : ""));
   at::Tensor train_x = read_idx(locate(c.path, "train-images-idx3-ubyte"), 3, c.train_samples);
   at::Tensor train_y = read_idx(locate(c.path, "train-labels-idx1-ubyte"), 1, c.train_samples);
   at::Tensor eval_x = read_idx(locate(c.path, "t10k-images-idx3-ubyte"), 3, c.eval_samples);

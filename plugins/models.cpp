@@ -50,8 +50,9 @@ std::shared_ptr<SegmentedModel> make_mlp(const ModelConfig& c, const std::vector
 std::shared_ptr<SegmentedModel> make_cnn(const ModelConfig& c, const std::vector<int64_t>& shape,
                                          int64_t num_classes) {
   if (shape.size() != 3)
-    throw ConfigError("model cnn needs image samples [channels, height, width]; the dataset gives " +
-                      std::to_string(shape.size()) + " dimensions");
+    throw ConfigError(
+        "model cnn needs image samples [channels, height, width]; the dataset gives " +
+        std::to_string(shape.size()) + " dimensions");
   auto model = std::make_shared<SegmentedModel>();
   int64_t in = shape[0], h = shape[1], w = shape[2];
   for (size_t i = 0; i < c.channels.size(); ++i) {
@@ -60,7 +61,8 @@ std::shared_ptr<SegmentedModel> make_cnn(const ModelConfig& c, const std::vector
                         " conv blocks pool a " + std::to_string(shape[1]) + "x" +
                         std::to_string(shape[2]) + " input below 1x1; use fewer blocks");
     nn::Sequential block;
-    block->push_back(nn::Conv2d(nn::Conv2dOptions(in, c.channels[i], 3).padding(1).bias(!c.batch_norm)));
+    block->push_back(
+        nn::Conv2d(nn::Conv2dOptions(in, c.channels[i], 3).padding(1).bias(!c.batch_norm)));
     if (c.batch_norm) block->push_back(nn::BatchNorm2d(c.channels[i]));
     block->push_back(nn::ReLU());
     block->push_back(nn::MaxPool2d(2));

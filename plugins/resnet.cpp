@@ -9,11 +9,11 @@
 // block, the head. Convolutions are initialised as in the paper (He et al. 2015, fan-out).
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
-#include <torch/nn/modules/activation.h>
 
 #include "builtin.h"
 #include "gpurun/errors.h"
@@ -41,7 +41,8 @@ class BasicBlockImpl : public nn::Module {
         conv2_(register_module("conv2", conv(out, out, 3, 1))),
         bn2_(register_module("bn2", nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out)
-      shortcut_ = register_module("shortcut", nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
+      shortcut_ = register_module("shortcut",
+                                  nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
   }
 
   torch::Tensor forward(torch::Tensor x) {
@@ -62,11 +63,14 @@ TORCH_MODULE(BasicBlock);
 std::shared_ptr<SegmentedModel> make_resnet(const ModelConfig& c, const std::vector<int64_t>& shape,
                                             int64_t num_classes) {
   if (shape.size() != 3)
-    throw ConfigError("model resnet needs image samples [channels, height, width]; the dataset "
-                      "gives " + std::to_string(shape.size()) + " dimensions");
+    throw ConfigError(
+        "model resnet needs image samples [channels, height, width]; the dataset "
+        "gives " +
+        std::to_string(shape.size()) + " dimensions");
   if (c.blocks.size() != c.channels.size())
     throw ConfigError("model.blocks must have one entry per stage of model.channels, got " +
-                      std::to_string(c.blocks.size()) + " and " + std::to_string(c.channels.size()));
+                      std::to_string(c.blocks.size()) + " and " +
+                      std::to_string(c.channels.size()));
   auto model = std::make_shared<SegmentedModel>();
   model->add_segment("stem", nn::Sequential(conv(shape[0], c.channels[0], 3, 1),
                                             nn::BatchNorm2d(c.channels[0]), nn::ReLU()));
@@ -79,8 +83,8 @@ std::shared_ptr<SegmentedModel> make_resnet(const ModelConfig& c, const std::vec
       in = c.channels[s];
     }
   }
-  model->add_segment("head", nn::Sequential(nn::AdaptiveAvgPool2d(1), nn::Flatten(),
-                                            nn::Linear(in, num_classes)));
+  model->add_segment(
+      "head", nn::Sequential(nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(in, num_classes)));
   return model;
 }
 

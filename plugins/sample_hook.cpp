@@ -5,8 +5,8 @@
 // and the model gives logits [B, T, vocabulary] (gpt); otherwise it does nothing. Generation is
 // autoregressive: the last data.context tokens are fed, and the next token is the arg-max of
 // the last position's logits (sample.temperature 0) or drawn from softmax(logits / temperature)
-// with a generator of its own, seeded with sample.seed. Registry::run_epoch_hooks runs it in eval mode without grad and restores the
-// global RNG, so sampling never changes training.
+// with a generator of its own, seeded with sample.seed. Registry::run_epoch_hooks runs it in eval
+// mode without grad and restores the global RNG, so sampling never changes training.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/multinomial.h>
@@ -34,7 +34,8 @@ std::vector<int64_t> prompt_tokens(const EpochEnd& e) {
   std::vector<int64_t> ids;
   const std::vector<std::string>& names = e.data.class_names;
   if (e.config.sample.prompt.empty()) {
-    at::Tensor first = e.data.eval->get(at::zeros({1}, at::kLong)).inputs.reshape({-1}).to(at::kLong);
+    at::Tensor first =
+        e.data.eval->get(at::zeros({1}, at::kLong)).inputs.reshape({-1}).to(at::kLong);
     const int64_t n = std::min<int64_t>(16, first.numel());
     for (int64_t i = 0; i < n; ++i) ids.push_back(first[i].item<int64_t>());
     return ids;
@@ -50,7 +51,8 @@ std::vector<int64_t> prompt_tokens(const EpochEnd& e) {
     ids.push_back(it - names.begin());
   }
   if (!missing.empty())
-    spdlog::warn("sample.prompt: characters not in the data's vocabulary are left out: {}", missing);
+    spdlog::warn("sample.prompt: characters not in the data's vocabulary are left out: {}",
+                 missing);
   if (ids.empty()) ids.push_back(0);
   return ids;
 }
@@ -72,8 +74,8 @@ void sample_text(const EpochEnd& e) {
   text += "|";  // where the prompt ends
   for (int64_t i = 0; i < c.length; ++i) {
     const int64_t time = sequence.size(1);
-    at::Tensor logits = e.model.forward(sequence.narrow(1, std::max<int64_t>(0, time - context),
-                                                        std::min(time, context)));
+    at::Tensor logits = e.model.forward(
+        sequence.narrow(1, std::max<int64_t>(0, time - context), std::min(time, context)));
     if (logits.dim() != 3 || logits.size(-1) != vocabulary) {
       spdlog::debug("sample: the model gives logits {}, not [1, T, {}]; no sample",
                     c10::str(logits.sizes()), vocabulary);
@@ -90,8 +92,8 @@ void sample_text(const EpochEnd& e) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   char how[48] = "greedy";
   if (c.temperature > 0) std::snprintf(how, sizeof how, "temperature %g", c.temperature);
-  spdlog::info("sample after epoch {} ({}, {:.1f} s; the prompt ends at |):\n{}", e.epoch + 1,
-               how, seconds, text);
+  spdlog::info("sample after epoch {} ({}, {:.1f} s; the prompt ends at |):\n{}", e.epoch + 1, how,
+               seconds, text);
 }
 
 }  // namespace

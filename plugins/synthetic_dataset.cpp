@@ -47,10 +47,12 @@ DatasetSplits load_synthetic(const DataConfig& c) {
                       " samples; data.samples " + std::to_string(n) + " gives " +
                       std::to_string(train_n) + "/" + std::to_string(eval_n));
   DatasetSplits splits;
-  splits.train = std::make_shared<TensorDataset>(x.narrow(0, 0, first(train_n, c.train_samples)),
-                                                 labels.narrow(0, 0, first(train_n, c.train_samples)));
-  splits.eval = std::make_shared<TensorDataset>(x.narrow(0, train_n, first(eval_n, c.eval_samples)),
-                                                labels.narrow(0, train_n, first(eval_n, c.eval_samples)));
+  splits.train =
+      std::make_shared<TensorDataset>(x.narrow(0, 0, first(train_n, c.train_samples)),
+                                      labels.narrow(0, 0, first(train_n, c.train_samples)));
+  splits.eval =
+      std::make_shared<TensorDataset>(x.narrow(0, train_n, first(eval_n, c.eval_samples)),
+                                      labels.narrow(0, train_n, first(eval_n, c.eval_samples)));
   splits.input_shape = c.shape;
   splits.num_classes = c.classes;
   return splits;

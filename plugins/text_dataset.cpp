@@ -33,9 +33,11 @@ struct GzCloser {
 /// The bytes of `path`; gzip-compressed files are inflated (zlib reads plain files as is).
 std::string read_file(const std::string& path, const char* key) {
   if (std::filesystem::is_directory(path))
-    throw ConfigError(std::string(key) + ": " + path + " is a directory; the text dataset reads one file");
+    throw ConfigError(std::string(key) + ": " + path +
+                      " is a directory; the text dataset reads one file");
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
-  if (!f) throw ConfigError(std::string(key) + ": cannot open " + path + ": " + std::strerror(errno));
+  if (!f)
+    throw ConfigError(std::string(key) + ": cannot open " + path + ": " + std::strerror(errno));
   std::string text;
   char buf[1 << 16];
   int n = 0;
@@ -58,9 +60,11 @@ class TextDataset : public Dataset {
   Batch get(const at::Tensor& indices) const override {
     const int64_t batch = indices.numel();
     at::Tensor offsets = indices.mul(stride_).unsqueeze(1).add(at::arange(context_ + 1, at::kLong));
-    at::Tensor windows =
-        at::index_select(tokens_, 0, offsets.reshape({-1})).to(at::kLong).view({batch, context_ + 1});
-    return {windows.narrow(1, 0, context_).contiguous(), windows.narrow(1, 1, context_).contiguous()};
+    at::Tensor windows = at::index_select(tokens_, 0, offsets.reshape({-1}))
+                             .to(at::kLong)
+                             .view({batch, context_ + 1});
+    return {windows.narrow(1, 0, context_).contiguous(),
+            windows.narrow(1, 1, context_).contiguous()};
   }
 
  private:
@@ -108,9 +112,11 @@ DatasetSplits load_text(const DataConfig& c) {
   };
 
   DatasetSplits splits;
-  splits.train = std::make_shared<TextDataset>(tokens_of(train), c.context, stride, c.train_samples);
+  splits.train =
+      std::make_shared<TextDataset>(tokens_of(train), c.context, stride, c.train_samples);
   // Evaluation windows never overlap, whatever the training stride.
-  splits.eval = std::make_shared<TextDataset>(tokens_of(eval), c.context, c.context, c.eval_samples);
+  splits.eval =
+      std::make_shared<TextDataset>(tokens_of(eval), c.context, c.context, c.eval_samples);
   const int64_t train_windows = windows_in(train.size(), c.context, stride);
   const int64_t eval_windows = windows_in(eval.size(), c.context, c.context);
   if (c.train_samples > train_windows || c.eval_samples > eval_windows)

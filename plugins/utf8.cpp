@@ -39,8 +39,8 @@ std::vector<char32_t> decode(const std::string& text, const std::string& source)
   const auto fail = [&](size_t at, const char* what) {
     char byte[8];
     std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[at]));
-    throw ConfigError(source + ":" + std::to_string(line) + ": invalid UTF-8 (" + what +
-                      ", byte " + byte + " at column " + std::to_string(at - line_start + 1) +
+    throw ConfigError(source + ":" + std::to_string(line) + ": invalid UTF-8 (" + what + ", byte " +
+                      byte + " at column " + std::to_string(at - line_start + 1) +
                       "); the text dataset reads UTF-8 files");
   };
   for (size_t i = 0; i < text.size();) {
@@ -53,10 +53,14 @@ std::vector<char32_t> decode(const std::string& text, const std::string& source)
     }
     size_t extra = 0;
     char32_t c = 0, min = 0;
-    if ((b & 0xE0) == 0xC0) extra = 1, c = b & 0x1F, min = 0x80;
-    else if ((b & 0xF0) == 0xE0) extra = 2, c = b & 0x0F, min = 0x800;
-    else if ((b & 0xF8) == 0xF0) extra = 3, c = b & 0x07, min = 0x10000;
-    else fail(i, "not a leading byte");
+    if ((b & 0xE0) == 0xC0)
+      extra = 1, c = b & 0x1F, min = 0x80;
+    else if ((b & 0xF0) == 0xE0)
+      extra = 2, c = b & 0x0F, min = 0x800;
+    else if ((b & 0xF8) == 0xF0)
+      extra = 3, c = b & 0x07, min = 0x10000;
+    else
+      fail(i, "not a leading byte");
     if (i + extra >= text.size()) fail(i, "truncated sequence");
     for (size_t k = 1; k <= extra; ++k) {
       const auto cont = static_cast<unsigned char>(text[i + k]);

@@ -41,6 +41,4 @@ std::shared_ptr<gpurun::SegmentedModel> make_tiny_mlp(const gpurun::ModelConfig&
 
 // Defines gpurun_plugin_abi_version, gpurun_plugin_torch_version and gpurun_plugin_init; the
 // block is called with gpurun's registry once, when the plugin is loaded.
-GPURUN_PLUGIN(registry) {
-  registry.add_model("tiny_mlp", make_tiny_mlp);
-}
+GPURUN_PLUGIN(registry) { registry.add_model("tiny_mlp", make_tiny_mlp); }

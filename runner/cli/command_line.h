@@ -1,5 +1,5 @@
-// The command line (docs/architecture.md, "Command line"), parsed with cxxopts into a Command, and the
-// dispatch of each subcommand to the library. runner/cli/main.cpp only wires these together.
+// The command line (docs/architecture.md, "Command line"), parsed with cxxopts into a Command, and
+// the dispatch of each subcommand to the library. runner/cli/main.cpp only wires these together.
 #pragma once
 
 #include <exception>

@@ -1,4 +1,5 @@
-// gpurun: parse the command line, call the library, map errors to exit codes (docs/architecture.md).
+// gpurun: parse the command line, call the library, map errors to exit codes
+// (docs/architecture.md).
 #include <exception>
 #include <iostream>
 #include <string>

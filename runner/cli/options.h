@@ -9,8 +9,8 @@ namespace gpurun {
 
 struct OptionSpec {
   enum class Type { kFlag, kString, kStrings, kInt, kDouble };
-  const char* group;          ///< --help section
-  const char* name;           ///< long name without "--"; "h,help" gives a short one too
+  const char* group;  ///< --help section
+  const char* name;   ///< long name without "--"; "h,help" gives a short one too
   Type type;
   const char* value_name;     ///< "DIR", "N", ...; "" for a flag
   const char* default_value;  ///< "" for none

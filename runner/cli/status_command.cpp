@@ -13,8 +13,8 @@
 
 #include "gpurun/errors.h"
 #include "report/reporter.h"
-#include "util/fs.h"
 #include "util/clock.h"
+#include "util/fs.h"
 
 namespace gpurun {
 
@@ -58,8 +58,8 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
   out << "run dir         " << run_dir << "\n"
       << "state           " << s.value("state", "?")
       << (s.value("state", "") == "dead" ? " (its process is gone: run again with --resume)" : "")
-      << " (updated " << format_duration(age)
-      << " ago, pid " << get("pid") << " on " << s.value("host", "?") << ")\n"
+      << " (updated " << format_duration(age) << " ago, pid " << get("pid") << " on "
+      << s.value("host", "?") << ")\n"
       << "epoch           " << epoch << " of " << get("epochs") << "\n"
       << "step            " << get("global_step") << " of " << get("total_steps") << "\n"
       << "loss            " << get("loss") << "\n"

@@ -15,8 +15,8 @@
 #include "builtin.h"
 #include "gpurun/config.h"
 #include "gpurun/model.h"
-#include "train/optimizer.h"
 #include "gpurun/registry.h"
+#include "train/optimizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

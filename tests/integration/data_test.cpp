@@ -64,11 +64,13 @@ TEST(DataCsv, MalformedRowExitsTwoNamingFileAndLine) {
 
 TEST(DataCsv, TrainsEndToEndWithStringLabels) {
   TempDir dir;
-  const std::string config = write_config(
-      dir, "model: {name: mlp, hidden: [32]}\n"
-           "data: {name: csv, path: " + blobs_csv(dir, 600) + ", label: shape, eval_fraction: 0.2}\n"
-           "optim: {name: adam, lr: 0.01}\n"
-           "train: {epochs: 3, batch_size: 32, threads: 1}\n");
+  const std::string config = write_config(dir,
+                                          "model: {name: mlp, hidden: [32]}\n"
+                                          "data: {name: csv, path: " +
+                                              blobs_csv(dir, 600) +
+                                              ", label: shape, eval_fraction: 0.2}\n"
+                                              "optim: {name: adam, lr: 0.01}\n"
+                                              "train: {epochs: 3, batch_size: 32, threads: 1}\n");
   Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto epochs = events(dir / "ckpt", "epoch");
@@ -76,17 +78,17 @@ TEST(DataCsv, TrainsEndToEndWithStringLabels) {
   EXPECT_GT(epochs.back()["eval_accuracy"].get<double>(), 0.9);
   EXPECT_LT(epochs.back()["train_loss"].get<double>(), epochs.front()["train_loss"].get<double>());
   const auto manifest = inspect(dir / "ckpt");
-  EXPECT_EQ(manifest["extra"]["class_names"],
-            nlohmann::json({"circle", "square", "triangle"}));
+  EXPECT_EQ(manifest["extra"]["class_names"], nlohmann::json({"circle", "square", "triangle"}));
 }
 
 TEST(DataSynthetic, TrainsEndToEndOnTheSameDataEveryRun) {
   TempDir dir;
   const std::string config = write_config(
-      dir, "model: {name: mlp, hidden: [64]}\n"
-           "data: {name: synthetic, samples: 1280, shape: [1, 16, 16], classes: 4, seed: 3}\n"
-           "optim: {name: adam, lr: 0.003}\n"
-           "train: {epochs: 2, batch_size: 32, threads: 1}\n");
+      dir,
+      "model: {name: mlp, hidden: [64]}\n"
+      "data: {name: synthetic, samples: 1280, shape: [1, 16, 16], classes: 4, seed: 3}\n"
+      "optim: {name: adam, lr: 0.003}\n"
+      "train: {epochs: 2, batch_size: 32, threads: 1}\n");
   Result r = run_gpurun({config, "--ckpt", dir / "a"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto epochs = events(dir / "a", "epoch");
@@ -94,16 +96,18 @@ TEST(DataSynthetic, TrainsEndToEndOnTheSameDataEveryRun) {
   EXPECT_GT(epochs.back()["eval_accuracy"].get<double>(), 0.8);
   EXPECT_LT(epochs.back()["eval_loss"].get<double>(), std::log(4.0) / 2);
   ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "b"}).exit_code, 0);
-  EXPECT_EQ(inspect(dir / "a").value("model_digest", ""), inspect(dir / "b").value("model_digest", ""));
+  EXPECT_EQ(inspect(dir / "a").value("model_digest", ""),
+            inspect(dir / "b").value("model_digest", ""));
 }
 
 TEST(ModelResnet, LearnsFashionMnist) {
   TempDir dir;
-  const std::string config = write_config(
-      dir, "model: {name: resnet, channels: [16, 32], blocks: [1, 1]}\n"
-           "data: {name: idx, train_samples: 1024, eval_samples: 500}\n"
-           "optim: {name: adam, lr: 0.003}\n"
-           "train: {epochs: 3, batch_size: 32, threads: 1}\n");
+  const std::string config =
+      write_config(dir,
+                   "model: {name: resnet, channels: [16, 32], blocks: [1, 1]}\n"
+                   "data: {name: idx, train_samples: 1024, eval_samples: 500}\n"
+                   "optim: {name: adam, lr: 0.003}\n"
+                   "train: {epochs: 3, batch_size: 32, threads: 1}\n");
   Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto epochs = events(dir / "ckpt", "epoch");
@@ -117,18 +121,19 @@ std::vector<std::string> char_lm(const std::string& text, const std::string& ckp
                                  std::vector<std::string> sets) {
   // One thread: on a busy 2-core machine, two OpenMP threads spin against other processes.
   sets.insert(sets.begin(), {"data.path=" + text, "train.threads=1"});
-  return with_sets({std::string(GPURUN_SOURCE_DIR) + "/examples/char_lm.yaml", "--ckpt", ckpt}, sets);
+  return with_sets({std::string(GPURUN_SOURCE_DIR) + "/examples/char_lm.yaml", "--ckpt", ckpt},
+                   sets);
 }
 
 TEST(CharLm, LossFallsOverAShortEpochAndASampleIsPrinted) {
   if (access(kBible.c_str(), X_OK) != 0) GTEST_SKIP() << "apt-get install bible-kjv-text";
   TempDir dir;
   const std::string text = kjv_text(dir);
-  Result r = run_gpurun(char_lm(text, dir / "ckpt",
-                                {"model.layers=2", "model.width=32", "optim.lr=0.005",
-                                 "train.epochs=1", "data.train_samples=960", "data.eval_samples=100",
-                                 "schedule.warmup_steps=5", "log.every_steps=5",
-                                 "sample.length=100"}));
+  Result r =
+      run_gpurun(char_lm(text, dir / "ckpt",
+                         {"model.layers=2", "model.width=32", "optim.lr=0.005", "train.epochs=1",
+                          "data.train_samples=960", "data.eval_samples=100",
+                          "schedule.warmup_steps=5", "log.every_steps=5", "sample.length=100"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto steps = events(dir / "ckpt", "step");
   ASSERT_GE(steps.size(), 5u);
@@ -151,11 +156,11 @@ TEST(CharLm, KillAndResumeGivesTheUninterruptedDigestAndSamplingChangesNothing) 
   TempDir dir;
   const std::string text = kjv_text(dir);
   // A tiny GPT with dropout, 2 epochs of 12 steps, a checkpoint every 5 steps.
-  const std::vector<std::string> sets{"model.layers=2", "model.width=32", "model.heads=2",
-                                      "data.context=32", "data.train_samples=192",
-                                      "data.eval_samples=32", "train.batch_size=16",
-                                      "train.epochs=2", "checkpoint.every_steps=5",
-                                      "checkpoint.async=false", "sample.length=40"};
+  const std::vector<std::string> sets{
+      "model.layers=2",         "model.width=32",         "model.heads=2",
+      "data.context=32",        "data.train_samples=192", "data.eval_samples=32",
+      "train.batch_size=16",    "train.epochs=2",         "checkpoint.every_steps=5",
+      "checkpoint.async=false", "sample.length=40"};
   std::vector<std::string> no_sample(sets);
   no_sample.back() = "sample.length=0";
   Result full = run_gpurun(char_lm(text, dir / "full", sets));
@@ -168,7 +173,8 @@ TEST(CharLm, KillAndResumeGivesTheUninterruptedDigestAndSamplingChangesNothing) 
       << "printing a sample changed the training";
 
   // Killed in epoch 1 (global step 17), after the epoch-0 sample; resumed from step 15.
-  Result killed = run_gpurun(char_lm(text, dir / "ckpt", sets), {{"GPURUN_FAULT", "sigkill:after_step:17"}});
+  Result killed =
+      run_gpurun(char_lm(text, dir / "ckpt", sets), {{"GPURUN_FAULT", "sigkill:after_step:17"}});
   ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
   EXPECT_EQ(inspect(dir / "ckpt").value("global_step", -1), 15);
   std::vector<std::string> resume = char_lm(text, dir / "ckpt", sets);

@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "distributed/worker_env.h"
 #include "checkpoint/train_state.h"
+#include "distributed/worker_env.h"
 #include "integration/harness.h"
 
 namespace fs = std::filesystem;
@@ -91,7 +91,8 @@ TEST(Ddp, TwoRanksEqualOneProcessWithTheSameGlobalBatchAfterFiveSteps) {
   ASSERT_EQ(two.exit_code, 0) << two.err;
   EXPECT_EQ(inspect(dir / "two").value("global_step", -1), 5);
   EXPECT_EQ(inspect(dir / "two").value("world_size", -1), 2);
-  const double rel = relative_norm_difference(newest_weights(dir / "two"), newest_weights(dir / "one"));
+  const double rel =
+      relative_norm_difference(newest_weights(dir / "two"), newest_weights(dir / "one"));
   EXPECT_LT(rel, 1e-5);
   // Rank 0 alone writes metrics; every rank its log.
   const auto plans = events(dir / "two", "plan");
@@ -115,10 +116,10 @@ TEST(Ddp, TwoLaunchersAsTwoNodesTrainTogether) {
   ASSERT_EQ(local.exit_code, 0) << local.err;
   const std::string port = std::to_string(gpurun::find_free_port());
   auto node = [&](int rank) {
-    return start_gpurun({config, "--ckpt", dir / "nodes", "--nproc-per-node", "1", "--nnodes", "2",
-                         "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1",
-                         "--master-port", port},
-                        dir / ("node" + std::to_string(rank)));
+    return start_gpurun(
+        {config, "--ckpt", dir / "nodes", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
+         std::to_string(rank), "--master-addr", "127.0.0.1", "--master-port", port},
+        dir / ("node" + std::to_string(rank)));
   };
   const pid_t n0 = node(0), n1 = node(1);
   Result r0 = wait_gpurun(n0, dir / "node0", 120), r1 = wait_gpurun(n1, dir / "node1", 120);
@@ -174,9 +175,9 @@ TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
     const std::string ckpt = dir / ("ckpt" + std::to_string(first));
     const std::string trace = dir / ("trace" + std::to_string(first));
     // Stopped by a SIGTERM right after global step 20: epoch 1, 5 steps in.
-    Result stopped = run_gpurun(ddp({config, "--ckpt", ckpt}, first),
-                                {{"GPURUN_TRACE_SAMPLES", trace},
-                                 {"GPURUN_FAULT", "sigterm:after_step:20"}});
+    Result stopped =
+        run_gpurun(ddp({config, "--ckpt", ckpt}, first),
+                   {{"GPURUN_TRACE_SAMPLES", trace}, {"GPURUN_FAULT", "sigterm:after_step:20"}});
     ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
     Result resumed = run_gpurun(ddp({config, "--ckpt", ckpt, "--resume"}, second),
                                 {{"GPURUN_TRACE_SAMPLES", trace}});
@@ -209,9 +210,9 @@ TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
   }
 }
 
-// docs/architecture.md, case 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on resume no rank
-// opens the incomplete checkpoint, all ranks resume the same step, and the run ends with the
-// uninterrupted digest.
+// docs/architecture.md, case 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on
+// resume no rank opens the incomplete checkpoint, all ranks resume the same step, and the run ends
+// with the uninterrupted digest.
 TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(640, 32, 1));
@@ -227,7 +228,8 @@ TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
   for (int i = 0; i < 6000 && !in_flight; ++i) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(ckpt, ec))
-      if (e.path().filename().string().rfind(".tmp-", 0) == 0 && fs::exists(ckpt / fs::path("LATEST")))
+      if (e.path().filename().string().rfind(".tmp-", 0) == 0 &&
+          fs::exists(ckpt / fs::path("LATEST")))
         in_flight = true;
     sleep_for(0.01);
   }
@@ -303,7 +305,8 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
 
   const std::string ckpt = dir / "ckpt";
-  const pid_t launcher = start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2), dir / "run");
+  const pid_t launcher =
+      start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2), dir / "run");
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, "", 120)) << slurp(dir / "run.err");
   kill(launcher, SIGTERM);
   Result stopped = wait_gpurun(launcher, dir / "run", 60);
@@ -322,9 +325,9 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
   // Both ranks sleep 60 s after step 30 in the first run only: the watchdog kills and restarts.
   // (10 s leaves a loaded machine time for the start-up before the first step, which counts.)
   Result resumed = run_gpurun(
-      ddp(with_sets({config, "--ckpt", ckpt, "--resume", "--max-restarts", "1", "--hang-timeout",
-                     "10"},
-                    sets),
+      ddp(with_sets(
+              {config, "--ckpt", ckpt, "--resume", "--max-restarts", "1", "--hang-timeout", "10"},
+              sets),
           2),
       {{"GPURUN_FAULT", "sleep60000:after_step:30"}, {"GPURUN_FAULT_RESTART", "0"}});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;

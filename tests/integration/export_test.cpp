@@ -23,19 +23,19 @@ const char* const kPython = "/usr/bin/python3";
 /// is a file).
 void script_model(const std::string& path) {
   const std::string script = path + ".py";
-  std::ofstream(script) <<
-      "import sys, torch\n"
-      "torch.manual_seed(0)\n"
-      "class Net(torch.nn.Module):\n"
-      "    def __init__(self):\n"
-      "        super().__init__()\n"
-      "        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 64),\n"
-      "                                        torch.nn.BatchNorm1d(64), torch.nn.ReLU(),\n"
-      "                                        torch.nn.Dropout(0.1))\n"
-      "        self.head = torch.nn.Linear(64, 10)\n"
-      "    def forward(self, x):\n"
-      "        return self.head(self.body(x))\n"
-      "torch.jit.script(Net()).save(sys.argv[1])\n";
+  std::ofstream(script)
+      << "import sys, torch\n"
+         "torch.manual_seed(0)\n"
+         "class Net(torch.nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 64),\n"
+         "                                        torch.nn.BatchNorm1d(64), torch.nn.ReLU(),\n"
+         "                                        torch.nn.Dropout(0.1))\n"
+         "        self.head = torch.nn.Linear(64, 10)\n"
+         "    def forward(self, x):\n"
+         "        return self.head(self.body(x))\n"
+         "torch.jit.script(Net()).save(sys.argv[1])\n";
   Result py = run_program({kPython, script, path});
   ASSERT_EQ(py.exit_code, 0) << py.err;
 }
@@ -43,9 +43,12 @@ void script_model(const std::string& path) {
 /// Fashion-MNIST, `train` samples, batches of `batch`, `model.torchscript: net.pt`.
 std::string torchscript_config(int train, int batch, int epochs) {
   return "model: {torchscript: net.pt}\n"
-         "data: {name: idx, train_samples: " + std::to_string(train) + ", eval_samples: 200}\n"
+         "data: {name: idx, train_samples: " +
+         std::to_string(train) +
+         ", eval_samples: 200}\n"
          "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-         "train: {epochs: " + std::to_string(epochs) + ", batch_size: " + std::to_string(batch) +
+         "train: {epochs: " +
+         std::to_string(epochs) + ", batch_size: " + std::to_string(batch) +
          ", eval_batch_size: 200, seed: 7, threads: 1}\n"
          "checkpoint: {every_steps: 5, async: false}\n"
          "log: {every_steps: 5}\n";
@@ -68,7 +71,8 @@ TEST(TorchScript, TrainsWithFallingLossAndResumesAfterSigkillToTheSameDigest) {
   ASSERT_EQ(full.exit_code, 0) << full.err;
   const auto steps = events(dir / "full", "step");
   ASSERT_EQ(steps.size(), 12u);
-  const double first = steps.front()["loss"].get<double>(), last = steps.back()["loss"].get<double>();
+  const double first = steps.front()["loss"].get<double>(),
+               last = steps.back()["loss"].get<double>();
   EXPECT_LT(last, 0.75 * first) << "loss " << first << " -> " << last;
   const auto epochs = events(dir / "full", "epoch");
   ASSERT_EQ(epochs.size(), 2u);
@@ -120,8 +124,8 @@ TEST(Export, TorchScriptCheckpointLoadsInPythonAsTheTrainedModule) {
       "m.eval()\n"
       "assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)\n"
       "print('OK', len(sd), 'tensors')\n";
-  Result py = run_program({kPython, "-c", check, dir / "trained.pt", checkpoint + "/model.pt",
-                           dir / "net.pt"});
+  Result py = run_program(
+      {kPython, "-c", check, dir / "trained.pt", checkpoint + "/model.pt", dir / "net.pt"});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_TRUE(contains(py.out, "OK 9 tensors")) << py.out;
 
@@ -129,8 +133,8 @@ TEST(Export, TorchScriptCheckpointLoadsInPythonAsTheTrainedModule) {
   fs::rename(dir / "net.pt", dir / "moved.pt");
   Result gone = run_gpurun({"export", dir / "ckpt", "--to", dir / "again.pt"});
   EXPECT_EQ(gone.exit_code, 2);
-  EXPECT_TRUE(contains(gone.err, "was trained from the TorchScript module " + (dir / "net.pt") +
-                                     ", which is gone"))
+  EXPECT_TRUE(contains(
+      gone.err, "was trained from the TorchScript module " + (dir / "net.pt") + ", which is gone"))
       << gone.err;
 }
 
@@ -138,9 +142,9 @@ TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
   if (!fs::exists(kPython)) GTEST_SKIP() << "Debian's python3-torch is not installed";
   TempDir dir;
   const std::string config = write_config(dir, small_config(300, 30, 1));  // 10 steps
-  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.every_steps=4"})
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.every_steps=4"}).exit_code,
+      0);
   // Damage the newest checkpoint (step 10): export takes the previous one and leaves the
   // damaged one where it is (a run may be writing there).
   const std::string newest = latest(dir / "ckpt");
@@ -163,16 +167,15 @@ TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
       "assert type(d) is dict and list(d) == list(ref), (type(d), list(d))\n"
       "for k, v in d.items(): assert torch.equal(v, ref[k]), k\n"
       "print('OK', ','.join(d))\n";
-  Result py = run_program({kPython, "-c", check, dir / "weights.pt",
-                           dir / "ckpt/ckpt-e0000-s0000008/model.pt"});
+  Result py = run_program(
+      {kPython, "-c", check, dir / "weights.pt", dir / "ckpt/ckpt-e0000-s0000008/model.pt"});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_TRUE(contains(py.out, "OK block0.1.weight,block0.1.bias,head.0.weight,head.0.bias"))
       << py.out;
 
   // One ckpt-* folder can be named directly; a damaged one is refused.
-  EXPECT_EQ(run_gpurun({"export", dir / "ckpt/ckpt-e0000-s0000008", "--to", dir / "w8.pt"})
-                .exit_code,
-            0);
+  EXPECT_EQ(
+      run_gpurun({"export", dir / "ckpt/ckpt-e0000-s0000008", "--to", dir / "w8.pt"}).exit_code, 0);
   EXPECT_EQ(run_gpurun({"export", newest, "--to", dir / "w10.pt"}).exit_code, 3);
   EXPECT_FALSE(fs::exists(dir / "w10.pt"));
   // Usage errors exit 2, a directory without checkpoints 3.

@@ -39,7 +39,8 @@ Result run_gpurun(const std::vector<std::string>& args, const Env& env = {},
 Result run_program(const std::vector<std::string>& argv, double timeout_seconds = 120);
 
 /// Writes a run.yaml: the given YAML text.
-std::string write_config(const TempDir& dir, const std::string& yaml, const std::string& name = "run.yaml");
+std::string write_config(const TempDir& dir, const std::string& yaml,
+                         const std::string& name = "run.yaml");
 
 /// A small, fast Fashion-MNIST config: `train` samples, batch `batch`, `epochs` epochs, an MLP
 /// (hidden 64) with SGD+momentum, 1 thread; `extra` YAML lines are appended under their section

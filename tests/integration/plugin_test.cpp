@@ -18,7 +18,8 @@ namespace fs = std::filesystem;
 
 /// test_mlp on test_blobs from `plugin`: 2 epochs x 16 steps, a synchronous checkpoint every 4.
 std::string plugin_config(const std::string& plugin) {
-  return "model: {plugin: " + plugin + ", name: test_mlp, hidden: [32]}\n"
+  return "model: {plugin: " + plugin +
+         ", name: test_mlp, hidden: [32]}\n"
          "data: {name: test_blobs, train_samples: 512, eval_samples: 128}\n"
          "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
          "train: {epochs: 2, batch_size: 32, seed: 3, threads: 1}\n"
@@ -74,10 +75,9 @@ TEST(Plugin, AnotherAbiVersionExits3NamingBothVersions) {
   Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_TRUE(contains(r.err, GPURUN_TEST_PLUGIN_WRONG_ABI)) << r.err;
-  EXPECT_TRUE(contains(r.err, "built for plugin ABI version " +
-                                  std::to_string(GPURUN_PLUGIN_ABI_VERSION + 1) +
-                                  ", but this gpurun has ABI version " +
-                                  std::to_string(GPURUN_PLUGIN_ABI_VERSION)))
+  EXPECT_TRUE(contains(
+      r.err, "built for plugin ABI version " + std::to_string(GPURUN_PLUGIN_ABI_VERSION + 1) +
+                 ", but this gpurun has ABI version " + std::to_string(GPURUN_PLUGIN_ABI_VERSION)))
       << r.err;
   EXPECT_FALSE(fs::exists(dir / "ckpt")) << "refused before anything was written";
 }
@@ -101,7 +101,6 @@ TEST(Plugin, AnUnknownModelNameListsThePluginsModels) {
   EXPECT_TRUE(contains(r.err, "test_mlp")) << r.err;
 }
 
-
 // A plugin's model and dataset under DDP: 2 ranks stopped by SIGTERM after step 10 resume to
 // the digest of an uninterrupted 2-rank run.
 TEST(Plugin, TrainsWithTwoRanksAndResumesToTheSameDigest) {
@@ -110,8 +109,8 @@ TEST(Plugin, TrainsWithTwoRanksAndResumesToTheSameDigest) {
   Result full = run_gpurun({config, "--ckpt", dir / "full", "--nproc-per-node", "2"});
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_EQ(inspect(dir / "full")["world_size"], 2);
-  const std::vector<std::string> args{config, "--ckpt", dir / "ckpt", "--resume",
-                                      "--nproc-per-node", "2"};
+  const std::vector<std::string> args{config,     "--ckpt",           dir / "ckpt",
+                                      "--resume", "--nproc-per-node", "2"};
   Result stopped = run_gpurun(args, {{"GPURUN_FAULT", "sigterm:after_step:10"}});
   ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
   Result resumed = run_gpurun(args);

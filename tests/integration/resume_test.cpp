@@ -122,9 +122,9 @@ TEST(Cases, MidEpochResumeNeitherLosesNorRepeatsData) {
   // Epoch 1 step 5 is global step 15 (10 steps per epoch): killed right after it, before the
   // checkpoint every 2 steps would save it. Writes are asynchronous, so the newest complete
   // checkpoint holds 14 steps, or fewer when a write was still in flight.
-  Result killed = run_gpurun({config, "--ckpt", ckpt, "--set", sets[0]},
-                             {{"GPURUN_TRACE_SAMPLES", dir / "killed.trace"},
-                              {"GPURUN_FAULT", "sigkill:after_step:16"}});
+  Result killed = run_gpurun(
+      {config, "--ckpt", ckpt, "--set", sets[0]},
+      {{"GPURUN_TRACE_SAMPLES", dir / "killed.trace"}, {"GPURUN_FAULT", "sigkill:after_step:16"}});
   ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
   const int64_t saved_step = inspect(ckpt).value("global_step", -1);
   EXPECT_TRUE(saved_step >= 10 && saved_step <= 14 && saved_step % 2 == 0) << saved_step;
@@ -149,12 +149,11 @@ TEST(Cases, NoExtraStepAfterAnEndOfEpochCheckpoint) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(90, 30, 3));
   const std::string ckpt = dir / "ckpt";
-  Result killed = run_gpurun({config, "--ckpt", ckpt},
-                             {{"GPURUN_TRACE_SAMPLES", dir / "a.trace"},
-                              {"GPURUN_FAULT", "sigkill:after_save:1"}});
+  Result killed = run_gpurun({config, "--ckpt", ckpt}, {{"GPURUN_TRACE_SAMPLES", dir / "a.trace"},
+                                                        {"GPURUN_FAULT", "sigkill:after_save:1"}});
   ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
-  Result resumed = run_gpurun({config, "--ckpt", ckpt, "--resume"},
-                              {{"GPURUN_TRACE_SAMPLES", dir / "b.trace"}});
+  Result resumed =
+      run_gpurun({config, "--ckpt", ckpt, "--resume"}, {{"GPURUN_TRACE_SAMPLES", dir / "b.trace"}});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   // The killed process may have started epoch 1 while its checkpoint was written in the
   // background; that work is lost, not counted: the steps that make the final model are those

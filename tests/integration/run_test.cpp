@@ -27,8 +27,7 @@ std::vector<std::string> checkpoint_names(const std::string& dir) {
 
 TEST(Config, TypoNamesTheKeyAndSuggestsTheRightOne) {
   TempDir dir;
-  const std::string config =
-      write_config(dir, "model: {name: mlp}\ntrain:\n  epoch: 3\n");
+  const std::string config = write_config(dir, "model: {name: mlp}\ntrain:\n  epoch: 3\n");
   Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(contains(r.err, "run.yaml:3")) << r.err;
@@ -45,15 +44,15 @@ TEST(Config, WrongTypeAndNegativeLearningRateNameKeyAndValue) {
   EXPECT_TRUE(contains(wrong_type.err, "train.batch_size")) << wrong_type.err;
   EXPECT_TRUE(contains(wrong_type.err, "abc")) << wrong_type.err;
 
-  Result negative = run_gpurun({write_config(dir, "optim:\n  lr: -0.1\n", "neg.yaml"), "--ckpt",
-                                dir / "c2"});
+  Result negative =
+      run_gpurun({write_config(dir, "optim:\n  lr: -0.1\n", "neg.yaml"), "--ckpt", dir / "c2"});
   EXPECT_EQ(negative.exit_code, 2);
   EXPECT_TRUE(contains(negative.err, "neg.yaml:2")) << negative.err;
   EXPECT_TRUE(contains(negative.err, "optim.lr")) << negative.err;
   EXPECT_TRUE(contains(negative.err, "-0.1")) << negative.err;
 
-  Result bad_set = run_gpurun({write_config(dir, "", "empty.yaml"), "--ckpt", dir / "c3", "--set",
-                               "train.epochs=zero"});
+  Result bad_set = run_gpurun(
+      {write_config(dir, "", "empty.yaml"), "--ckpt", dir / "c3", "--set", "train.epochs=zero"});
   EXPECT_EQ(bad_set.exit_code, 2);
   EXPECT_TRUE(contains(bad_set.err, "train.epochs")) << bad_set.err;
 }
@@ -61,8 +60,8 @@ TEST(Config, WrongTypeAndNegativeLearningRateNameKeyAndValue) {
 TEST(Config, SetTwiceTheLastWins) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(60, 30, 1));
-  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "train.epochs=5", "--set",
-                         "train.epochs=2"});
+  Result r = run_gpurun(
+      {config, "--ckpt", dir / "ckpt", "--set", "train.epochs=5", "--set", "train.epochs=2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json manifest = inspect(dir / "ckpt");
   EXPECT_EQ(manifest["config"]["train"]["epochs"], 2);
@@ -73,14 +72,15 @@ TEST(Warnings, BatchLargerThanTheTrainingSetIsOneStepAnEpoch) {
   TempDir dir;
   Result r = run_gpurun({write_config(dir, small_config(60, 100, 2)), "--ckpt", dir / "ckpt"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "train.batch_size 100 is larger than the training set (60 samples): "
-                              "every epoch is a single optimizer step of 60 samples"))
+  EXPECT_TRUE(contains(r.err,
+                       "train.batch_size 100 is larger than the training set (60 samples): "
+                       "every epoch is a single optimizer step of 60 samples"))
       << r.err;
   EXPECT_FALSE(contains(r.err, "is above the memory of")) << r.err;
   EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 2);  // 2 epochs, 1 step each
 
-  Result fits = run_gpurun({write_config(dir, small_config(60, 60, 1), "fits.yaml"), "--ckpt",
-                            dir / "fits"});
+  Result fits =
+      run_gpurun({write_config(dir, small_config(60, 60, 1), "fits.yaml"), "--ckpt", dir / "fits"});
   ASSERT_EQ(fits.exit_code, 0) << fits.err;
   EXPECT_FALSE(contains(fits.err, "larger than the training set")) << fits.err;
 }
@@ -90,8 +90,8 @@ TEST(Warnings, MemoryLimitAboveTheMachinesMemory) {
   const std::string config = write_config(dir, small_config(60, 30, 1));
   // 1 PiB: more than any machine these tests run on has (the meter reads the physical RAM, or
   // the cgroup limit when smaller).
-  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--device", "cpu", "--memory-limit",
-                         "1024TiB"});
+  Result r =
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--device", "cpu", "--memory-limit", "1024TiB"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "--memory-limit 1.00 PiB is above the memory of cpu (")) << r.err;
   EXPECT_TRUE(contains(r.err, "the plan counts on memory the machine does not have")) << r.err;
@@ -119,12 +119,14 @@ TEST(Directory, ExistingCheckpointsNeedResumeAndChangedKeysAreRefused) {
   EXPECT_TRUE(contains(again.err, "ckpt-e0001-s0000002")) << again.err;
   EXPECT_TRUE(contains(again.err, "--resume")) << again.err;
 
-  Result changed = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "optim.lr=0.5"});
+  Result changed =
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "optim.lr=0.5"});
   EXPECT_EQ(changed.exit_code, 3);
   EXPECT_TRUE(contains(changed.err, "optim.lr")) << changed.err;
 
   // Growing train.epochs extends the run.
-  Result extended = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "train.epochs=2"});
+  Result extended =
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set", "train.epochs=2"});
   EXPECT_EQ(extended.exit_code, 0) << extended.err;
   EXPECT_EQ(inspect(dir / "ckpt")["global_step"], 4);
 }
@@ -132,7 +134,8 @@ TEST(Directory, ExistingCheckpointsNeedResumeAndChangedKeysAreRefused) {
 TEST(Damage, NewestDamagedFallsBackToThePreviousAndAllDamagedExits3) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(60, 30, 3));
-  ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.keep_last=3"}).exit_code, 0);
+  ASSERT_EQ(
+      run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.keep_last=3"}).exit_code, 0);
   auto names = checkpoint_names(dir / "ckpt");
   ASSERT_EQ(names.size(), 3u);
   const std::string newest = dir / ("ckpt/" + names[2]);
@@ -196,8 +199,10 @@ TEST(Retention, KeepLastTwoAfterFiveEpochsNeverLeavesNoCompleteCheckpoint) {
         const std::string name = e.path().filename().string();
         if (name.rfind("ckpt-", 0) == 0 && fs::exists(e.path() / "manifest.json", ec)) ++complete;
       }
-      if (complete > 0) seen_complete = 1;
-      else if (seen_complete) ++lost_all;
+      if (complete > 0)
+        seen_complete = 1;
+      else if (seen_complete)
+        ++lost_all;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
@@ -217,12 +222,12 @@ TEST(Json, EveryJsonOutputIsExactlyOneObject) {
   const std::string config = write_config(dir, small_config(60, 30, 1));
   ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt"}).exit_code, 0);
   const std::string one = dir / "ckpt/" + checkpoint_names(dir / "ckpt").back();
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"ckpt", "list", dir / "ckpt", "--json"},
-           {"ckpt", "verify", dir / "ckpt", "--json"},
-           {"ckpt", "inspect", dir / "ckpt", "--json"},
-           {"ckpt", "inspect", one, "--json"},
-           {"status", dir / "ckpt", "--json"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"ckpt", "list", dir / "ckpt", "--json"},
+                                             {"ckpt", "verify", dir / "ckpt", "--json"},
+                                             {"ckpt", "inspect", dir / "ckpt", "--json"},
+                                             {"ckpt", "inspect", one, "--json"},
+                                             {"status", dir / "ckpt", "--json"}}) {
     Result r = run_gpurun(args);
     EXPECT_EQ(r.exit_code, 0) << args[0] << " " << args[1] << ": " << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);

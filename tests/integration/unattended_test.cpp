@@ -47,7 +47,8 @@ class Tmpfs {
  public:
   Tmpfs(const std::string& size, bool read_only) {
     const std::string opts = "size=" + size;
-    ok_ = mount("tmpfs", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, opts.c_str()) == 0;
+    ok_ =
+        mount("tmpfs", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, opts.c_str()) == 0;
   }
   ~Tmpfs() {
     if (ok_) umount2(dir_.path().c_str(), MNT_DETACH);
@@ -92,7 +93,8 @@ TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     Result r = wait_gpurun(pid, dir / "run");
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.exit_code == 0) break;
     ASSERT_EQ(r.exit_code, 75) << r.err;
     EXPECT_LT(seconds, 25.0) << "must fit checkpoint.grace_seconds";
@@ -214,11 +216,10 @@ TEST(Storage, StorageTurningReadOnlyMidRunExpiresTheLeaseAndStopsWithExit1) {
   if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 50));  // 1000 steps
-  pid_t pid = start_gpurun(
-      with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
-                {"checkpoint.lease_timeout=2", "checkpoint.every_steps=5",
-                 "checkpoint.max_failures=1000"}),
-      dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
+  pid_t pid = start_gpurun(with_sets({config, "--ckpt", disk.path(), "--run-dir", dir / "run"},
+                                     {"checkpoint.lease_timeout=2", "checkpoint.every_steps=5",
+                                      "checkpoint.max_failures=1000"}),
+                           dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(disk.path(), pid, "")) << slurp(dir / "run.err");
   ASSERT_TRUE(disk.remount_read_only()) << std::strerror(errno);
   Result r = wait_gpurun(pid, dir / "run");
@@ -285,13 +286,16 @@ TEST(Lease, LiveHolderMakesASecondRunWaitThenExit2NamingIt) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 1));
   // The holder is a real gpurun, slowed down so that it is alive for the whole test.
-  pid_t holder = start_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.lease_timeout=2"},
-                              dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
-  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt/lease.json"); ++i) sleep_for(0.01);
+  pid_t holder =
+      start_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.lease_timeout=2"},
+                   dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
+  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt/lease.json"); ++i)
+    sleep_for(0.01);
   const auto t0 = std::chrono::steady_clock::now();
-  Result second = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
-                              "checkpoint.lease_timeout=2"});
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Result second = run_gpurun(
+      {config, "--ckpt", dir / "ckpt", "--resume", "--set", "checkpoint.lease_timeout=2"});
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(second.exit_code, 2) << second.err;
   EXPECT_GE(waited, 1.9);
   EXPECT_NE(second.err.find("pid " + std::to_string(holder)), std::string::npos) << second.err;
@@ -300,8 +304,8 @@ TEST(Lease, LiveHolderMakesASecondRunWaitThenExit2NamingIt) {
 
   // The holder is dead now (same host): its lease is taken over at once.
   const auto t1 = std::chrono::steady_clock::now();
-  Result third = run_gpurun({config, "--ckpt", dir / "ckpt", "--resume", "--set",
-                             "checkpoint.lease_timeout=30"});
+  Result third = run_gpurun(
+      {config, "--ckpt", dir / "ckpt", "--resume", "--set", "checkpoint.lease_timeout=30"});
   EXPECT_EQ(third.exit_code, 0) << third.err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
 }
@@ -311,23 +315,26 @@ TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
   const std::string config = write_config(dir, small_config(60, 30, 1));
   std::filesystem::create_directories(dir / "ckpt");
   // A lease from another machine whose heartbeat stopped 1000 s ago.
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
-  std::ofstream(dir / "ckpt/lease.json")
-      << nlohmann::json{{"host", "reclaimed-spot-vm"}, {"pid", 4242}, {"started", now - 5000},
-                        {"heartbeat", now - 1000}, {"token", "old"}}.dump();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ofstream(dir / "ckpt/lease.json") << nlohmann::json{
+      {"host", "reclaimed-spot-vm"},
+      {"pid", 4242},
+      {"started", now - 5000},
+      {"heartbeat", now - 1000},
+      {"token", "old"}}.dump();
   Result taken = run_gpurun({config, "--ckpt", dir / "ckpt"});
   EXPECT_EQ(taken.exit_code, 0) << taken.err;
 
   // A live holder saving every step; a new run forcibly takes the directory over and resumes.
   const std::string longer = write_config(dir, small_config(600, 30, 1), "longer.yaml");
   const Env slow{{"GPURUN_FAULT", "sleep300:after_step:*"}};
-  pid_t holder = start_gpurun({longer, "--ckpt", dir / "ckpt2", "--set", "checkpoint.every_steps=1"},
-                              dir / "holder", slow);
+  pid_t holder = start_gpurun(
+      {longer, "--ckpt", dir / "ckpt2", "--set", "checkpoint.every_steps=1"}, dir / "holder", slow);
   for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt2/LATEST"); ++i) sleep_for(0.01);
-  Result forced = run_gpurun({longer, "--ckpt", dir / "ckpt2", "--resume", "--force", "--set",
-                              "checkpoint.every_steps=1"},
-                             slow);
+  Result forced = run_gpurun(
+      {longer, "--ckpt", dir / "ckpt2", "--resume", "--force", "--set", "checkpoint.every_steps=1"},
+      slow);
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_NE(forced.err.find("resuming from"), std::string::npos) << forced.err;
   // The displaced holder notices at its next save and stops without writing (exit 2).

@@ -1,8 +1,8 @@
 // A plugin built in the test tree (plugin.h): model "test_mlp" (two segments) and dataset
 // "test_blobs" (Gaussian clusters), used by the plugin loader and integration tests.
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
@@ -28,7 +28,8 @@ std::shared_ptr<gpurun::SegmentedModel> make_test_mlp(const gpurun::ModelConfig&
   torch::nn::Sequential body(torch::nn::Flatten(), torch::nn::Linear(inputs, config.hidden[0]),
                              torch::nn::ReLU());
   model->add_segment("body", body);
-  model->add_segment("head", torch::nn::Sequential(torch::nn::Linear(config.hidden[0], num_classes)));
+  model->add_segment("head",
+                     torch::nn::Sequential(torch::nn::Linear(config.hidden[0], num_classes)));
   return model;
 }
 

@@ -17,40 +17,41 @@
 namespace gpurun {
 
 struct ModelConfig {
-  std::string name = "cnn";            ///< registry name: mlp, cnn, resnet, gpt, or a plugin's
+  std::string name = "cnn";               ///< registry name: mlp, cnn, resnet, gpt, or a plugin's
   std::vector<int64_t> hidden{256, 128};  ///< mlp: widths of the hidden layers
-  std::vector<int64_t> channels{32, 64};  ///< cnn: channels of each conv block; resnet: of each stage
-  double dropout = 0.0;                ///< probability in [0, 1)
-  bool batch_norm = false;             ///< cnn: BatchNorm after every convolution
+  std::vector<int64_t> channels{32,
+                                64};  ///< cnn: channels of each conv block; resnet: of each stage
+  double dropout = 0.0;               ///< probability in [0, 1)
+  bool batch_norm = false;            ///< cnn: BatchNorm after every convolution
   /// A plugin .so (plugin.h) registering model.name; relative paths resolve against the
   /// directory of the run.yaml (config_path()). "": none.
   std::string plugin;
   /// A TorchScript module file (torch.jit.script(m).save(...)) trained as the model; relative
   /// like plugin. Sets model.name to "torchscript". "": none.
   std::string torchscript;
-  std::vector<int64_t> blocks{2, 2};   ///< resnet: residual blocks of each stage
-  int64_t layers = 4;                  ///< gpt: transformer blocks
-  int64_t heads = 4;                   ///< gpt: attention heads; divides width
-  int64_t width = 128;                 ///< gpt: embedding width
-  int64_t context = 0;                 ///< gpt: longest sequence (positions); 0: the data's
+  std::vector<int64_t> blocks{2, 2};  ///< resnet: residual blocks of each stage
+  int64_t layers = 4;                 ///< gpt: transformer blocks
+  int64_t heads = 4;                  ///< gpt: attention heads; divides width
+  int64_t width = 128;                ///< gpt: embedding width
+  int64_t context = 0;                ///< gpt: longest sequence (positions); 0: the data's
 };
 
 struct DataConfig {
   std::string name = "idx";  ///< registry name: idx, csv, text, synthetic, or a plugin's
   std::string path = "/usr/share/datasets/fashion-mnist";  ///< idx: directory; csv, text: file
-  int64_t train_samples = 0;  ///< 0: all; otherwise the first N training samples
-  int64_t eval_samples = 0;   ///< 0: all; otherwise the first N test samples
-  std::string eval_path;      ///< csv, text: evaluation file; empty: split off data.path
-  double eval_fraction = 0.1;  ///< csv, text, synthetic: share held out when not eval_path
-  std::string label = "-1";   ///< csv: label column, header name or 0-based index (<0: from end)
-  bool header = true;         ///< csv: the first row names the columns
+  int64_t train_samples = 0;    ///< 0: all; otherwise the first N training samples
+  int64_t eval_samples = 0;     ///< 0: all; otherwise the first N test samples
+  std::string eval_path;        ///< csv, text: evaluation file; empty: split off data.path
+  double eval_fraction = 0.1;   ///< csv, text, synthetic: share held out when not eval_path
+  std::string label = "-1";     ///< csv: label column, header name or 0-based index (<0: from end)
+  bool header = true;           ///< csv: the first row names the columns
   std::string delimiter = ",";  ///< csv: one character; "\t" or "tab" for tab
-  int64_t context = 64;       ///< text: characters per sample
-  int64_t stride = 0;         ///< text: characters between sample starts; 0: context
-  int64_t samples = 1024;     ///< synthetic: samples generated (both splits)
+  int64_t context = 64;         ///< text: characters per sample
+  int64_t stride = 0;           ///< text: characters between sample starts; 0: context
+  int64_t samples = 1024;       ///< synthetic: samples generated (both splits)
   std::vector<int64_t> shape{1, 28, 28};  ///< synthetic: shape of one sample
-  int64_t classes = 10;       ///< synthetic: number of classes
-  int64_t seed = 0;           ///< synthetic: the data; csv: the shuffle before the split
+  int64_t classes = 10;                   ///< synthetic: number of classes
+  int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
 };
 
 struct OptimConfig {
@@ -60,7 +61,7 @@ struct OptimConfig {
   bool nesterov = false;  ///< sgd; needs momentum > 0
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
-  double grad_clip = 0.0;  ///< max global L2 norm of the gradients; 0: off
+  double grad_clip = 0.0;                         ///< max global L2 norm of the gradients; 0: off
 };
 
 struct ScheduleConfig {
@@ -77,23 +78,23 @@ struct TrainConfig {
   int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step and rank
   int64_t eval_batch_size = 256;
   int64_t seed = 0;
-  int64_t threads = 0;  ///< intra-op threads; 0: LibTorch's default
+  int64_t threads = 0;                 ///< intra-op threads; 0: LibTorch's default
   std::string loss = "cross_entropy";  ///< registry name of the loss (loss.h)
 };
 
 /// Text generated after every epoch by a model of token data (data text with model gpt, or
 /// any dataset with class_names whose model gives [B, T, vocabulary] logits).
 struct SampleConfig {
-  int64_t length = 200;     ///< characters generated; 0: off
-  std::string prompt;       ///< the start; empty: the first characters of the evaluation text
-  double temperature = 0;   ///< 0: greedy (arg-max); > 0: sample softmax(logits / temperature)
-  int64_t seed = 0;         ///< seed of the sampling generator (separate from training's)
+  int64_t length = 200;    ///< characters generated; 0: off
+  std::string prompt;      ///< the start; empty: the first characters of the evaluation text
+  double temperature = 0;  ///< 0: greedy (arg-max); > 0: sample softmax(logits / temperature)
+  int64_t seed = 0;        ///< seed of the sampling generator (separate from training's)
 };
 
 struct CheckpointConfig {
-  int64_t every_steps = 0;  ///< also save every N optimizer steps; 0: only per epoch
-  double every_minutes = 0;  ///< also save every N minutes; 0: off
-  int64_t keep_last = 3;     ///< complete checkpoints kept; the newest is never deleted
+  int64_t every_steps = 0;    ///< also save every N optimizer steps; 0: only per epoch
+  double every_minutes = 0;   ///< also save every N minutes; 0: off
+  int64_t keep_last = 3;      ///< complete checkpoints kept; the newest is never deleted
   double grace_seconds = 25;  ///< time a signal leaves us to save and exit
   double lease_timeout = 60;  ///< seconds after which a silent lease is stale
   bool async = true;          ///< write in a background thread while training goes on

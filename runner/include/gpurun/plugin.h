@@ -60,13 +60,13 @@ GPURUN_PLUGIN_EXPORT int gpurun_plugin_init(int abi_version, gpurun::Registry* r
 /// Defines the three entry points; the braces that follow are the body of a function
 /// `void (gpurun::Registry& REGISTRY)` that registers the plugin's models and datasets.
 /// Use it once per plugin, at namespace scope.
-#define GPURUN_PLUGIN(REGISTRY)                                                              \
-  static void gpurun_plugin_register_(::gpurun::Registry& REGISTRY);                        \
+#define GPURUN_PLUGIN(REGISTRY)                                                                  \
+  static void gpurun_plugin_register_(::gpurun::Registry& REGISTRY);                             \
   GPURUN_PLUGIN_EXPORT int gpurun_plugin_abi_version(void) { return GPURUN_PLUGIN_ABI_VERSION; } \
-  GPURUN_PLUGIN_EXPORT const char* gpurun_plugin_torch_version(void) { return TORCH_VERSION; } \
-  GPURUN_PLUGIN_EXPORT int gpurun_plugin_init(int abi_version, ::gpurun::Registry* registry) { \
-    if (abi_version != GPURUN_PLUGIN_ABI_VERSION || registry == nullptr) return 1;           \
-    gpurun_plugin_register_(*registry);                                                      \
-    return 0;                                                                                \
-  }                                                                                          \
+  GPURUN_PLUGIN_EXPORT const char* gpurun_plugin_torch_version(void) { return TORCH_VERSION; }   \
+  GPURUN_PLUGIN_EXPORT int gpurun_plugin_init(int abi_version, ::gpurun::Registry* registry) {   \
+    if (abi_version != GPURUN_PLUGIN_ABI_VERSION || registry == nullptr) return 1;               \
+    gpurun_plugin_register_(*registry);                                                          \
+    return 0;                                                                                    \
+  }                                                                                              \
   static void gpurun_plugin_register_(::gpurun::Registry& REGISTRY)

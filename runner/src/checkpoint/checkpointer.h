@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
-#include "checkpoint/store.h"
 #include "checkpoint/async_writer.h"
+#include "checkpoint/store.h"
 #include "gpurun/config.h"
 
 namespace torch {
@@ -58,7 +58,8 @@ class Checkpointer {
 
   /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
   /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint
-  /// that is still being written and all resume the same step (docs/architecture.md, case 13). nullopt without
+  /// that is still being written and all resume the same step (docs/architecture.md, case 13).
+  /// nullopt without
   /// --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
   std::optional<LoadedCheckpoint> choose();
 

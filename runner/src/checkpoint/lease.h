@@ -1,6 +1,6 @@
-// The checkpoint-directory lease of docs/architecture.md ("Checkpoint directory" → Lease): DIR/lease.json
-// names the one run that may write checkpoints into DIR, so that two machines or two gpurun
-// processes never interleave checkpoints of one run.
+// The checkpoint-directory lease of docs/architecture.md ("Checkpoint directory" → Lease):
+// DIR/lease.json names the one run that may write checkpoints into DIR, so that two machines or two
+// gpurun processes never interleave checkpoints of one run.
 //
 //   {"format_version": 2, "host": "gpu-7", "pid": 4242, "pid_start": 123456,
 //    "pid_scope": "<boot id>/pid:[4026531836]", "started": 1718000000.25,

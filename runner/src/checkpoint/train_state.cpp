@@ -52,7 +52,8 @@ std::string rng_key(int rank) {
 }  // namespace
 
 CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                 CheckpointMeta meta, const std::vector<at::Tensor>& rank_rng_states) {
+                                 CheckpointMeta meta,
+                                 const std::vector<at::Tensor>& rank_rng_states) {
   NamedTensors weights;
   for (const auto& [name, tensor] : state_dict(model))
     weights.emplace_back(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));

@@ -29,8 +29,8 @@ NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what)
 /// `meta` gets the model digest, thread count and CPU capability filled in. In a distributed
 /// run `rank_rng_states` holds the other ranks' generator states (rng_state() of the CPU
 /// generator of rank 1, 2, ...; util/rng.h), stored in trainer.pt as "cpu_rng_state.rank<R>".
-CheckpointSnapshot capture_state(const torch::nn::Module& model,
-                                 torch::optim::Optimizer& optimizer, CheckpointMeta meta,
+CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                 CheckpointMeta meta,
                                  const std::vector<at::Tensor>& rank_rng_states = {});
 
 /// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so

@@ -24,11 +24,11 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
-#include "gpurun/errors.h"
-#include "util/units.h"
-#include "util/hash.h"
 #include "config/schema.h"
 #include "config/suggest.h"
+#include "gpurun/errors.h"
+#include "util/hash.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {
@@ -42,14 +42,13 @@ bool is_integer(const std::string& text) {
 }
 
 using json = nlohmann::json;
+using detail::edit_distance;
+using detail::extends;
 using detail::Field;
 using detail::Key;
 using detail::Limit;
 using detail::schema;
-using detail::edit_distance;
-using detail::extends;
 using detail::tolerance;
-
 
 // const access through the one accessor per key; values read this way are never written.
 Field field_of(const Key& key, const RunConfig& c) { return key.field(const_cast<RunConfig&>(c)); }
@@ -85,7 +84,6 @@ std::string format_number(double v) {
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
-
 
 /// The nearest key by full dotted name or by last component (a key put under the wrong
 /// section, "optim.epochs"); ties go to the closer full name. Distances are held to the
@@ -384,13 +382,13 @@ class Assembly {
     const bool builtin_data = d.name == "idx" || d.name == "csv" || d.name == "synthetic";
     const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
     if (d.name == "text" && feature_model) {
-      fail(where("model.name", "data.name"),
-           "model.name " + m.name + " takes float features, but data.name text gives "
-           "character ids; use model.name gpt");
+      fail(where("model.name", "data.name"), "model.name " + m.name +
+                                                 " takes float features, but data.name text gives "
+                                                 "character ids; use model.name gpt");
     } else if (m.name == "gpt" && builtin_data) {
-      fail(where("model.name", "data.name"),
-           "model.name gpt takes token ids, but data.name " + d.name +
-               " gives float features; use data.name text");
+      fail(where("model.name", "data.name"), "model.name gpt takes token ids, but data.name " +
+                                                 d.name +
+                                                 " gives float features; use data.name text");
     }
     if (d.name == "csv") {
       if (d.delimiter.size() != 1 && d.delimiter != "\\t" && d.delimiter != "tab") {

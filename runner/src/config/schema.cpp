@@ -6,7 +6,7 @@ namespace {
 Limit any() { return {}; }
 Limit at_least(double lo) { return {lo, kInf, false, false, false, false, {}}; }
 Limit above(double lo) { return {lo, kInf, true, false, false, false, {}}; }
-Limit fraction() { return {0, 1, false, true, false, false, {}}; }  // [0, 1)
+Limit fraction() { return {0, 1, false, true, false, false, {}}; }      // [0, 1)
 Limit open_fraction() { return {0, 1, true, true, false, false, {}}; }  // (0, 1)
 Limit non_empty() { return {-kInf, kInf, false, false, true, false, {}}; }
 Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // non-empty, each >= 1
@@ -24,7 +24,6 @@ constexpr bool kHashed = true;  // changes what is learned: part of config_hash
 constexpr bool kNotHashed = false;
 
 }  // namespace
-
 
 // Expands to the key's dotted name and its accessor, so a key is named once.
 // clang-format off

@@ -33,7 +33,8 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
     return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   // A single-node job needs no route to this host's public name, which containers and
   // laptops often lack.
-  if (is_loopback(env.master_addr)) return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (is_loopback(env.master_addr))
+    return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return ::c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -64,8 +65,8 @@ struct Collectives::Impl {
       work->wait();
     } catch (const std::exception& e) {
       throw Error(std::string(what) + " across " + std::to_string(env.world_size) +
-                  " ranks failed (rank " + std::to_string(env.rank) +
-                  "): " + e.what() + " (a peer died or timed out)");
+                  " ranks failed (rank " + std::to_string(env.rank) + "): " + e.what() +
+                  " (a peer died or timed out)");
     }
   }
 
@@ -119,8 +120,8 @@ std::unique_ptr<Collectives> Collectives::connect(const DistEnv& env, c10::Devic
     impl->gloo = c10::make_intrusive<::c10d::ProcessGroupGloo>(group_store, env.rank,
                                                                env.world_size, options);
   }
-  spdlog::info("rank {} of {} joined the process group at {} ({})", env.rank, env.world_size,
-               where, device.is_cuda() ? "NCCL" : "Gloo");
+  spdlog::info("rank {} of {} joined the process group at {} ({})", env.rank, env.world_size, where,
+               device.is_cuda() ? "NCCL" : "Gloo");
   return std::unique_ptr<Collectives>(new Collectives(std::move(impl)));
 }
 
@@ -151,11 +152,12 @@ void Collectives::sync_gradients(const std::vector<at::Tensor>& params,
     std::vector<at::Tensor> pieces;
     for (size_t i = first; i < last; ++i) {
       const at::Tensor& g = params[i].grad();
-      pieces.push_back(g.defined() ? g.reshape(-1) : at::zeros({params[i].numel()}, params[i].options()));
+      pieces.push_back(g.defined() ? g.reshape(-1)
+                                   : at::zeros({params[i].numel()}, params[i].options()));
     }
     if (with_control)
-      pieces.push_back(at::tensor(control, at::TensorOptions().dtype(at::kDouble))
-                           .to(impl_->device, dtype));
+      pieces.push_back(
+          at::tensor(control, at::TensorOptions().dtype(at::kDouble)).to(impl_->device, dtype));
     at::Tensor flat = at::cat(pieces);
     impl_->all_reduce_in_place(flat, ::c10d::ReduceOp::SUM);
     int64_t offset = 0;
@@ -170,8 +172,8 @@ void Collectives::sync_gradients(const std::vector<at::Tensor>& params,
       offset += n;
     }
     if (with_control) {
-      at::Tensor values = flat.narrow(0, offset, static_cast<int64_t>(control.size()))
-                              .to(at::kCPU, at::kDouble);
+      at::Tensor values =
+          flat.narrow(0, offset, static_cast<int64_t>(control.size())).to(at::kCPU, at::kDouble);
       for (size_t k = 0; k < control.size(); ++k) control[k] = values.data_ptr<double>()[k];
     }
   }

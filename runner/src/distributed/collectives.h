@@ -5,10 +5,10 @@
 // Distributed: Experiences on Accelerating Data Parallel Training"): gradients are copied into
 // flat buckets of at most kBucketBytes, each bucket is all-reduced once, and the results are
 // copied back. It runs once per optimizer step, after the last micro-batch's backward, never
-// per micro-batch (docs/architecture.md, case 6). c10d's Reducer is not used: it hooks autograd to overlap the
-// reduction with backward, which is the wrong time when gradients accumulate over
-// micro-batches and interacts badly with activation checkpointing (docs/architecture.md, case 12); a reduction
-// after backward has neither problem.
+// per micro-batch (docs/architecture.md, case 6). c10d's Reducer is not used: it hooks autograd to
+// overlap the reduction with backward, which is the wrong time when gradients accumulate over
+// micro-batches and interacts badly with activation checkpointing (docs/architecture.md, case 12);
+// a reduction after backward has neither problem.
 //
 // Every call is collective: all ranks must make the same calls in the same order. A peer that
 // died makes the call throw (Gloo: connection closed) or time out after `timeout_seconds`.

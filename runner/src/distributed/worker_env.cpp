@@ -49,7 +49,8 @@ bool in_slurm_step(const Environment& env) {
 }
 
 int slurm_nnodes(const Environment& env) {
-  if (const std::string* v = find(env, "SLURM_JOB_NUM_NODES")) return to_int(*v, "SLURM_JOB_NUM_NODES");
+  if (const std::string* v = find(env, "SLURM_JOB_NUM_NODES"))
+    return to_int(*v, "SLURM_JOB_NUM_NODES");
   return required_int(env, "SLURM_NNODES", "Slurm step");
 }
 
@@ -89,7 +90,8 @@ std::optional<DistEnv> worker_env(const Environment& env) {
       find(env, "LOCAL_WORLD_SIZE") ? required_int(env, "LOCAL_WORLD_SIZE", context) : 1;
   if (const std::string* a = find(env, "MASTER_ADDR")) d.master_addr = *a;
   if (find(env, "MASTER_PORT")) d.master_port = required_int(env, "MASTER_PORT", context);
-  if (d.world_size < 1) throw ConfigError("WORLD_SIZE must be >= 1, got " + std::to_string(d.world_size));
+  if (d.world_size < 1)
+    throw ConfigError("WORLD_SIZE must be >= 1, got " + std::to_string(d.world_size));
   if (d.rank < 0 || d.rank >= d.world_size)
     throw ConfigError("RANK must be in 0.." + std::to_string(d.world_size - 1) + ", got " +
                       std::to_string(d.rank));
@@ -189,7 +191,8 @@ std::string first_slurm_host(const std::string& nodelist) {
   if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
     return nodelist.substr(0, comma);
   const size_t close = nodelist.find(']', bracket);
-  if (close == std::string::npos) throw ConfigError("malformed Slurm host list \"" + nodelist + "\"");
+  if (close == std::string::npos)
+    throw ConfigError("malformed Slurm host list \"" + nodelist + "\"");
   const std::string prefix = nodelist.substr(0, bracket);
   std::string first = nodelist.substr(bracket + 1, close - bracket - 1);
   first = first.substr(0, first.find_first_of(",-"));
@@ -197,7 +200,8 @@ std::string first_slurm_host(const std::string& nodelist) {
     throw ConfigError("malformed Slurm host list \"" + nodelist + "\"");
   // A suffix after the bracket belongs to every host: "n[1-2]-ib" -> "n1-ib".
   size_t end = nodelist.find(',', close);
-  const std::string suffix = nodelist.substr(close + 1, end == std::string::npos ? end : end - close - 1);
+  const std::string suffix =
+      nodelist.substr(close + 1, end == std::string::npos ? end : end - close - 1);
   return prefix + first + suffix;
 }
 

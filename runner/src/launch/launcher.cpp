@@ -42,9 +42,10 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
       return supervise(s);
     }
   } else if (request.flags.nproc_per_node || request.flags.nnodes) {
-    spdlog::warn("WORLD_SIZE is set, so this process is one worker (rank {} of {}); "
-                 "--nproc-per-node and --nnodes are ignored",
-                 run.dist->rank, run.dist->world_size);
+    spdlog::warn(
+        "WORLD_SIZE is set, so this process is one worker (rank {} of {}); "
+        "--nproc-per-node and --nnodes are ignored",
+        run.dist->rank, run.dist->world_size);
   }
   if (!run.dist || run.dist->rank == 0) spdlog::info("{}", format_resolved(config));
   train(config, run, registry);

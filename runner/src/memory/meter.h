@@ -69,9 +69,10 @@ class MemoryMeter {
 /// that is smaller.
 ///
 /// Why a wrapping allocator and not a c10::MemoryReportingInfoBase installed with
-/// c10::DebugInfoGuard (docs/architecture.md, "LibTorch facts the code relies on"): that hook is thread-local state, which
-/// LibTorch's OpenMP intra-op threads do not inherit, so an allocation inside a parallel_for
-/// body is not reported; and it cannot refuse an allocation. The wrapper sees every thread.
+/// c10::DebugInfoGuard (docs/architecture.md, "LibTorch facts the code relies on"): that hook is
+/// thread-local state, which LibTorch's OpenMP intra-op threads do not inherit, so an allocation
+/// inside a parallel_for body is not reported; and it cannot refuse an allocation. The wrapper sees
+/// every thread.
 ///
 /// Install and destroy meters while no other thread is allocating (c10::SetCPUAllocator is
 /// not thread-safe) and destroy nested meters in reverse order of creation. A meter made

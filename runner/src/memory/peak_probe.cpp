@@ -20,8 +20,8 @@
 #include "model/activation_checkpointing.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
-#include "util/rng.h"
 #include "util/clock.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {

@@ -7,13 +7,13 @@
 #include <filesystem>
 #include <memory>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "gpurun/errors.h"
+#include "gpurun/plugin.h"
 #include "util/fs.h"
 #include "util/hash.h"
-#include "gpurun/plugin.h"
 
 namespace gpurun {
 namespace {
@@ -69,7 +69,8 @@ PluginInfo load_plugin(const std::string& path, Registry& registry) {
   if (!handle) {
     const std::string error = dlerror();
     if (error.find("undefined symbol") != std::string::npos)
-      throw AbiError("model.plugin " + path + " needs a symbol this gpurun does not have; it was "
+      throw AbiError("model.plugin " + path +
+                     " needs a symbol this gpurun does not have; it was "
                      "built against other gpurun or LibTorch headers, rebuild it: " +
                      with_demangled(error));
     throw ConfigError("model.plugin: cannot load " + path + ": " + error);
@@ -79,8 +80,7 @@ PluginInfo load_plugin(const std::string& path, Registry& registry) {
   PluginInfo info;
   info.path = path;
   auto abi = reinterpret_cast<int (*)()>(symbol(kAbiSymbol));
-  if (!abi)
-    throw AbiError("model.plugin " + path + " has no symbol " + kAbiSymbol + kHowToBuild);
+  if (!abi) throw AbiError("model.plugin " + path + " has no symbol " + kAbiSymbol + kHowToBuild);
   info.abi_version = abi();
   if (info.abi_version != GPURUN_PLUGIN_ABI_VERSION)
     throw AbiError("model.plugin " + path + " was built for plugin ABI version " +
@@ -117,8 +117,10 @@ void load_configured_plugin(const RunConfig& config, Registry& registry) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw ConfigError("model.plugin: no such file: " + path +
-                      (path == config.model.plugin ? "" : " (" + config.model.plugin +
-                       ", relative to the directory of " + config.source + ")"));
+                      (path == config.model.plugin
+                           ? ""
+                           : " (" + config.model.plugin + ", relative to the directory of " +
+                                 config.source + ")"));
   load_plugin(path, registry);
 }
 
@@ -132,9 +134,8 @@ nlohmann::json describe_model_source(const RunConfig& config) {
               {"abi_version", GPURUN_PLUGIN_ABI_VERSION}};
   } else if (!config.model.torchscript.empty()) {
     const std::string path = config_path(config, config.model.torchscript);
-    source = {{"kind", "torchscript"},
-              {"path", path},
-              {"xxh3", file_digest(path, "model.torchscript")}};
+    source = {
+        {"kind", "torchscript"}, {"path", path}, {"xxh3", file_digest(path, "model.torchscript")}};
   }
   return source;
 }

@@ -86,9 +86,10 @@ void Registry::run_step_hooks(const StepEnd& end) const {
       hook(end);
     } catch (const std::exception& e) {
       if (failed_step_hooks_.insert(name).second)
-        spdlog::error("step hook {} failed at global step {}: {}; training goes on (further "
-                      "failures of this hook are not logged)",
-                      name, end.global_step, e.what());
+        spdlog::error(
+            "step hook {} failed at global step {}: {}; training goes on (further "
+            "failures of this hook are not logged)",
+            name, end.global_step, e.what());
     }
   }
 }

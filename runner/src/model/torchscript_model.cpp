@@ -8,8 +8,8 @@
 #include <torch/script.h>
 
 #include "gpurun/errors.h"
-#include "util/fs.h"
 #include "gpurun/model.h"
+#include "util/fs.h"
 
 namespace gpurun {
 namespace {
@@ -23,9 +23,9 @@ torch::jit::Module load_module(const std::string& path) {
   try {
     return torch::jit::load(path, c10::Device(c10::kCPU));
   } catch (const std::exception& e) {
-    throw ConfigError("model.torchscript: cannot load " + path +
-                      " as a TorchScript module (torch.jit.script(m).save(path) in Python): " +
-                      message_of(e));
+    throw ConfigError(
+        "model.torchscript: cannot load " + path +
+        " as a TorchScript module (torch.jit.script(m).save(path) in Python): " + message_of(e));
   }
 }
 

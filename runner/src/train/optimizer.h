@@ -23,7 +23,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& confi
 ///   warm-up (step < warmup_steps): lr * (step + 1) / warmup_steps
 ///   constant: lr
 ///   step:     lr * gamma^floor(step / step_size)
-///   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2, t = (step - warmup) / (total - warmup)
+///   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2, t = (step - warmup) / (total -
+///   warmup)
 ///             (SGDR, Loshchilov & Hutter 2017, without restarts)
 double learning_rate(const OptimConfig& optim, const ScheduleConfig& schedule, int64_t step,
                      int64_t total_steps);

@@ -12,9 +12,10 @@ void warn_about_suspicious_settings(const RunConfig& config, const Session& sess
                                     int64_t memory_limit) {
   const int64_t samples = session.data.train ? session.data.train->size() : 0;
   if (samples > 0 && config.train.batch_size > samples)
-    spdlog::warn("train.batch_size {} is larger than the training set ({} samples): every epoch "
-                 "is a single optimizer step of {} samples",
-                 config.train.batch_size, samples, samples);
+    spdlog::warn(
+        "train.batch_size {} is larger than the training set ({} samples): every epoch "
+        "is a single optimizer step of {} samples",
+        config.train.batch_size, samples, samples);
 
   const int64_t limit = memory_limit_bytes(config, memory_limit);
   const MemoryMeter& meter = *session.meter;

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "gpurun/config.h"
 #include "distributed/worker_env.h"
+#include "gpurun/config.h"
 
 namespace gpurun {
 
@@ -16,10 +16,10 @@ class Registry;
 
 /// How the run was started (the command line, not run.yaml).
 struct RunOptions {
-  std::string ckpt_dir;   ///< checkpoint root; required
-  std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
-  bool resume = false;    ///< continue from the newest complete checkpoint if there is one
-  bool force = false;     ///< take the directory's lease at once, even from a live run
+  std::string ckpt_dir;         ///< checkpoint root; required
+  std::string run_dir;          ///< metrics.jsonl, status.json; empty: ckpt_dir
+  bool resume = false;          ///< continue from the newest complete checkpoint if there is one
+  bool force = false;           ///< take the directory's lease at once, even from a live run
   std::string device = "auto";  ///< auto | cpu | cuda
   int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
   int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device

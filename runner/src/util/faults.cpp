@@ -5,9 +5,9 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>

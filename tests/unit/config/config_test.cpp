@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
 #include <nlohmann/json.hpp>
+#include "common/temp_dir.h"
 
 #include "gpurun/errors.h"
 
@@ -29,9 +29,7 @@ namespace {
 /// A temporary directory for config files, removed with its files at the end of the test.
 class ConfigFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = tmp_.path();
-  }
+  void SetUp() override { dir_ = tmp_.path(); }
   std::string write(const std::string& name, const std::string& text) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path) << text;
@@ -391,8 +389,8 @@ TEST(Config, OverrideKeepsTheOtherValuesOfItsSection) {
 // --- model.plugin and model.torchscript (issue 6) ----------------------------------------
 
 TEST_F(ConfigFiles, PluginAndTorchScriptPathsResolveAgainstTheConfigsDirectory) {
-  const RunConfig c = load_config(
-      write("run.yaml", "model:\n  plugin: build/../lib/libx.so\n  name: x\n"));
+  const RunConfig c =
+      load_config(write("run.yaml", "model:\n  plugin: build/../lib/libx.so\n  name: x\n"));
   EXPECT_EQ(c.model.plugin, "build/../lib/libx.so");  // as written: what config_hash covers
   EXPECT_EQ(config_path(c, c.model.plugin), dir_ + "/lib/libx.so");
   EXPECT_EQ(config_path(c, "/abs/libx.so"), "/abs/libx.so");
@@ -423,8 +421,8 @@ TEST(Config, PluginNeedsAModelNameAndExcludesTorchScript) {
   const RunConfig c = parse_config("model:\n  plugin: libx.so\n  name: tiny\n", "run.yaml");
   EXPECT_EQ(c.model.name, "tiny");
   // Both keys change what is learned, and survive the manifest's JSON.
-  EXPECT_NE(config_hash(c), config_hash(parse_config("model:\n  name: tiny\n  plugin: liby.so\n",
-                                                     "run.yaml")));
+  EXPECT_NE(config_hash(c),
+            config_hash(parse_config("model:\n  name: tiny\n  plugin: liby.so\n", "run.yaml")));
   EXPECT_EQ(config_hash(config_from_json(config_to_json(c))), config_hash(c));
   const auto keys = training_keys();
   EXPECT_NE(std::find(keys.begin(), keys.end(), "model.plugin"), keys.end());
@@ -439,7 +437,8 @@ namespace {
 
 // Rules between the keys of the built-in models and datasets (issue 6).
 TEST(Config, ModelAndDataRulesNameKeysValuesAndLines) {
-  std::string msg = error_of("model:\n  name: gpt\n  width: 100\n  heads: 3\ndata:\n  name: text\n");
+  std::string msg =
+      error_of("model:\n  name: gpt\n  width: 100\n  heads: 3\ndata:\n  name: text\n");
   EXPECT_TRUE(contains(msg, "run.yaml:3"));
   EXPECT_TRUE(contains(msg, "model.width must be divisible by model.heads, got 100 and 3"));
 
@@ -447,7 +446,8 @@ TEST(Config, ModelAndDataRulesNameKeysValuesAndLines) {
   EXPECT_TRUE(contains(msg, "model.context 32 is shorter than data.context 64"));
 
   msg = error_of("model: {name: resnet, channels: [8, 16, 32]}\n");
-  EXPECT_TRUE(contains(msg, "model.blocks must have one entry per stage of model.channels, got 2 and 3"));
+  EXPECT_TRUE(
+      contains(msg, "model.blocks must have one entry per stage of model.channels, got 2 and 3"));
 
   msg = error_of("model: {name: mlp}\ndata: {name: text}\n");
   EXPECT_TRUE(contains(msg, "model.name mlp takes float features"));
@@ -463,7 +463,8 @@ TEST(Config, ModelAndDataRulesNameKeysValuesAndLines) {
 
   const RunConfig ok = parse_config(
       "model: {name: gpt, context: 128}\ndata: {name: text, context: 64}\n"
-      "sample: {prompt: 'And God said', temperature: 0.8}\n", "r");
+      "sample: {prompt: 'And God said', temperature: 0.8}\n",
+      "r");
   EXPECT_EQ(ok.sample.prompt, "And God said");
   EXPECT_EQ(ok.sample.length, 200);
 }

@@ -1,6 +1,6 @@
 // Unit tests of collectives.h over a real Gloo process group on 127.0.0.1, two ranks as two
-// threads of this process: docs/architecture.md, case 6 (one all-reduce per optimizer step, not per micro-batch)
-// and 12 (activation checkpointing under DDP), plus the small collectives.
+// threads of this process: docs/architecture.md, case 6 (one all-reduce per optimizer step, not per
+// micro-batch) and 12 (activation checkpointing under DDP), plus the small collectives.
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
@@ -30,7 +30,8 @@ DistEnv rank_env(int rank, int port) {
   return env;
 }
 
-/// Three Linear+ReLU segments and a head: no dropout or BatchNorm (docs/architecture.md, case 6, 12).
+/// Three Linear+ReLU segments and a head: no dropout or BatchNorm (docs/architecture.md, case 6,
+/// 12).
 std::shared_ptr<SegmentedModel> mlp(bool checkpointing) {
   torch::manual_seed(11);
   auto m = std::make_shared<SegmentedModel>();

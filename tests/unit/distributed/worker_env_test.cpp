@@ -13,8 +13,11 @@ TEST(DistEnv, NoWorldSizeIsASingleProcess) {
 }
 
 TEST(DistEnv, TorchrunVariablesGiveTheWorkersPlace) {
-  const auto d = worker_env({{"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "4"},
-                             {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node7"},
+  const auto d = worker_env({{"RANK", "3"},
+                             {"LOCAL_RANK", "1"},
+                             {"WORLD_SIZE", "4"},
+                             {"LOCAL_WORLD_SIZE", "2"},
+                             {"MASTER_ADDR", "node7"},
                              {"MASTER_PORT", "29400"}});
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->rank, 3);
@@ -71,10 +74,14 @@ TEST(DistEnv, FlagsWinOverMasterVariablesOverDefaults) {
 
 // `srun --ntasks-per-node=1 gpurun --nproc-per-node 4 ...` on 3 nodes: each task launches.
 TEST(DistEnv, SlurmOneTaskPerNodeMakesEachTaskTheLauncherOfItsNode) {
-  const Environment slurm{{"SLURM_JOB_ID", "123456"},       {"SLURM_PROCID", "2"},
-                          {"SLURM_NTASKS", "3"},            {"SLURM_JOB_NUM_NODES", "3"},
-                          {"SLURM_NODEID", "2"},            {"SLURM_LOCALID", "0"},
-                          {"SLURM_JOB_NODELIST", "gpu[07-09]"}, {"SLURM_TASKS_PER_NODE", "1(x3)"}};
+  const Environment slurm{{"SLURM_JOB_ID", "123456"},
+                          {"SLURM_PROCID", "2"},
+                          {"SLURM_NTASKS", "3"},
+                          {"SLURM_JOB_NUM_NODES", "3"},
+                          {"SLURM_NODEID", "2"},
+                          {"SLURM_LOCALID", "0"},
+                          {"SLURM_JOB_NODELIST", "gpu[07-09]"},
+                          {"SLURM_TASKS_PER_NODE", "1(x3)"}};
   EXPECT_FALSE(slurm_runs_workers(slurm));
   LaunchFlags flags;
   flags.nproc_per_node = 4;
@@ -89,10 +96,14 @@ TEST(DistEnv, SlurmOneTaskPerNodeMakesEachTaskTheLauncherOfItsNode) {
 
 // `srun --ntasks-per-node=2 gpurun ...` on 2 nodes: each task is a worker.
 TEST(DistEnv, SlurmSeveralTasksPerNodeMakesEachTaskAWorker) {
-  const Environment slurm{{"SLURM_JOB_ID", "77"},         {"SLURM_PROCID", "3"},
-                          {"SLURM_NTASKS", "4"},          {"SLURM_NNODES", "2"},
-                          {"SLURM_NODEID", "1"},          {"SLURM_LOCALID", "1"},
-                          {"SLURM_STEP_NODELIST", "a1,b2"}, {"SLURM_TASKS_PER_NODE", "2(x2)"},
+  const Environment slurm{{"SLURM_JOB_ID", "77"},
+                          {"SLURM_PROCID", "3"},
+                          {"SLURM_NTASKS", "4"},
+                          {"SLURM_NNODES", "2"},
+                          {"SLURM_NODEID", "1"},
+                          {"SLURM_LOCALID", "1"},
+                          {"SLURM_STEP_NODELIST", "a1,b2"},
+                          {"SLURM_TASKS_PER_NODE", "2(x2)"},
                           {"MASTER_PORT", "29999"}};
   ASSERT_TRUE(slurm_runs_workers(slurm));
   const Environment v = worker_env_from_slurm(slurm);

@@ -17,10 +17,10 @@
 
 #include <gtest/gtest.h>
 
-#include "common/temp_dir.h"
-#include "util/clock.h"
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include "common/temp_dir.h"
+#include "util/clock.h"
 
 #include "util/signals.h"
 

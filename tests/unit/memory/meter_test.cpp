@@ -22,11 +22,11 @@
 #include <gtest/gtest.h>
 
 #include "builtin.h"
-#include "model/activation_checkpointing.h"
 #include "gpurun/errors.h"
-#include "memory/meter.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
+#include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 
 namespace gpurun {
 namespace {
@@ -229,7 +229,7 @@ TEST(MemoryMeter, MakeMeterRefusesUnsupportedDevices) {
 
 TEST(MemoryMeter, DeviceBytesAreTheMachinesWhateverTheLimit) {
   const int64_t machine = make_cpu_meter(0)->capacity_bytes();
-  auto above = make_cpu_meter(int64_t{1} << 50);  // 1 PiB
+  auto above = make_cpu_meter(int64_t{1} << 50);         // 1 PiB
   EXPECT_EQ(above->capacity_bytes(), int64_t{1} << 50);  // on the CPU a limit is taken as given
   EXPECT_EQ(above->device_bytes(), machine);
   EXPECT_EQ(make_cpu_meter(123)->device_bytes(), machine);

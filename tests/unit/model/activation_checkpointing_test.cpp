@@ -22,11 +22,11 @@
 #include <gtest/gtest.h>
 
 #include "builtin.h"
-#include "model/activation_checkpointing.h"
 #include "gpurun/errors.h"
-#include "memory/meter.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
+#include "memory/meter.h"
+#include "model/activation_checkpointing.h"
 
 namespace gpurun {
 namespace {

@@ -71,8 +71,8 @@ TEST(PluginLoader, RegistersTheTestPluginsModelAndDataset) {
 TEST(PluginLoader, AnotherAbiVersionIsRefusedNamingBoth) {
   const std::string message = error_of<AbiError>(GPURUN_TEST_PLUGIN_WRONG_ABI);
   EXPECT_TRUE(contains(message, GPURUN_TEST_PLUGIN_WRONG_ABI));
-  EXPECT_TRUE(contains(message, "built for plugin ABI version " +
-                                    std::to_string(GPURUN_PLUGIN_ABI_VERSION + 1)));
+  EXPECT_TRUE(contains(
+      message, "built for plugin ABI version " + std::to_string(GPURUN_PLUGIN_ABI_VERSION + 1)));
   EXPECT_TRUE(contains(message,
                        "this gpurun has ABI version " + std::to_string(GPURUN_PLUGIN_ABI_VERSION)));
 }
@@ -119,8 +119,9 @@ TEST(PluginLoader, ConfiguredPluginIsLoadedFromTheConfigsDirectory) {
     load_configured_plugin(config, registry);
     ADD_FAILURE() << "no error for a missing plugin";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(contains(e.what(), "no such file: " + config.base_dir + "/missing.so (missing.so, "
-                                   "relative to the directory of /some/run.yaml)"));
+    EXPECT_TRUE(contains(e.what(), "no such file: " + config.base_dir +
+                                       "/missing.so (missing.so, "
+                                       "relative to the directory of /some/run.yaml)"));
   }
 }
 

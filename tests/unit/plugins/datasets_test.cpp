@@ -165,8 +165,8 @@ TEST_F(DataFiles, TextCharactersAreCodePointsInSortedOrder) {
   c.context = 4;
   c.eval_fraction = 0.3;
   DatasetSplits s = registry_.make_dataset(c);
-  std::vector<std::string> expected{"\n", " ", ",", "d", "h", "k", "l", "o", "r", "t", "w",
-                                    "\u00e9", "\u00f6", "\u2014"};
+  std::vector<std::string> expected{"\n", " ", ",", "d", "h",      "k",      "l",
+                                    "o",  "r", "t", "w", "\u00e9", "\u00f6", "\u2014"};
   EXPECT_EQ(s.class_names, expected);
   EXPECT_EQ(s.num_classes, 14);
 

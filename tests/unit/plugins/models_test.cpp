@@ -50,7 +50,8 @@ TEST(Resnet, LogitsForMnistAndCifarShapesWithOneSegmentPerBlock) {
   for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 28, 28}, {3, 32, 32}}) {
     auto model = make(resnet_config(), shape, 10);
     EXPECT_EQ(model->segment_names(),
-              (std::vector<std::string>{"stem", "stage0_block0", "stage0_block1", "stage1_block0", "head"}));
+              (std::vector<std::string>{"stem", "stage0_block0", "stage0_block1", "stage1_block0",
+                                        "head"}));
     std::vector<int64_t> batch{4};
     batch.insert(batch.end(), shape.begin(), shape.end());
     EXPECT_EQ(model->forward(torch::randn(batch)).sizes(), (std::vector<int64_t>{4, 10}));
@@ -97,7 +98,8 @@ TEST(Resnet, CheckpointingGivesBitIdenticalGradientsAndBatchNormStatistics) {
 
 TEST(Gpt, LogitsPerPositionWithOneSegmentPerBlock) {
   auto model = make(gpt_config(), {12}, 30);
-  EXPECT_EQ(model->segment_names(), (std::vector<std::string>{"embed", "block0", "block1", "head"}));
+  EXPECT_EQ(model->segment_names(),
+            (std::vector<std::string>{"embed", "block0", "block1", "head"}));
   const at::Tensor ids = torch::randint(30, {3, 12});
   EXPECT_EQ(model->forward(ids).sizes(), (std::vector<int64_t>{3, 12, 30}));
   // Shorter sequences (generation) work; longer than the context are refused.
@@ -153,9 +155,8 @@ TEST(Registry, LossesByNameAndEpochHooksLeaveTrainingUntouched) {
   Registry registry;
   EXPECT_EQ(registry.loss_names(), std::vector<std::string>{"cross_entropy"});
   EXPECT_THROW(registry.make_loss("hinge"), ConfigError);
-  registry.add_loss("double", [](const at::Tensor& l, const at::Tensor& t) {
-    return cross_entropy(l, t) * 2;
-  });
+  registry.add_loss(
+      "double", [](const at::Tensor& l, const at::Tensor& t) { return cross_entropy(l, t) * 2; });
   EXPECT_THROW(registry.add_loss("double", cross_entropy), std::logic_error);
 
   auto model = make(gpt_config(), {8}, 10);
@@ -182,9 +183,8 @@ TEST(Registry, LossesByNameAndEpochHooksLeaveTrainingUntouched) {
 TEST(Registry, StepHooksSeeEveryStepInNameOrderAndAThrowingOneIsContained) {
   Registry registry;
   std::vector<std::string> calls;
-  registry.add_step_hook("b", [&](const StepEnd& e) {
-    calls.push_back("b" + std::to_string(e.global_step));
-  });
+  registry.add_step_hook(
+      "b", [&](const StepEnd& e) { calls.push_back("b" + std::to_string(e.global_step)); });
   registry.add_step_hook("a", [&](const StepEnd& e) {
     calls.push_back("a" + std::to_string(e.global_step));
     throw std::runtime_error("tracker offline");

@@ -15,12 +15,12 @@
 #include "unit/norms.h"
 
 #include "builtin.h"
+#include "checkpoint/train_state.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
-#include "train/optimizer.h"
 #include "gpurun/registry.h"
-#include "checkpoint/train_state.h"
 #include "train/micro_batch_step.h"
+#include "train/optimizer.h"
 
 namespace gpurun {
 namespace {
@@ -62,7 +62,8 @@ TEST(Schedule, WarmupThenCosineReachesTheFloor) {
   EXPECT_DOUBLE_EQ(learning_rate(optim, s, 9, 110), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate(optim, s, 10, 110), 0.1);
   EXPECT_NEAR(learning_rate(optim, s, 109, 110), 0.001, 1e-12);
-  EXPECT_NEAR(learning_rate(optim, s, 59, 110), 0.001 + 0.099 * 0.5 * (1 + std::cos(M_PI * 49 / 99.0)), 1e-12);
+  EXPECT_NEAR(learning_rate(optim, s, 59, 110),
+              0.001 + 0.099 * 0.5 * (1 + std::cos(M_PI * 49 / 99.0)), 1e-12);
 }
 
 TEST(Schedule, StepDecay) {
@@ -97,10 +98,11 @@ TEST(StateDict, PyTorchOrderAndDigestSeesEveryBit) {
   auto model = registry.make_model(c, {1, 28, 28}, 10);
   std::vector<std::string> names;
   for (const auto& [name, tensor] : state_dict(*model)) names.push_back(name);
-  const std::vector<std::string> expected{
-      "block0.0.weight", "block0.1.weight", "block0.1.bias", "block0.1.running_mean",
-      "block0.1.running_var", "block0.1.num_batches_tracked", "head.1.weight", "head.1.bias",
-      "head.3.weight", "head.3.bias"};
+  const std::vector<std::string> expected{"block0.0.weight",      "block0.1.weight",
+                                          "block0.1.bias",        "block0.1.running_mean",
+                                          "block0.1.running_var", "block0.1.num_batches_tracked",
+                                          "head.1.weight",        "head.1.bias",
+                                          "head.3.weight",        "head.3.bias"};
   EXPECT_EQ(names, expected);
   const std::string before = model_digest(*model);
   EXPECT_EQ(before.size(), 16u);
@@ -262,7 +264,8 @@ TEST(Registry, UnknownModelNamesTheRegisteredOnes) {
     registry.make_model(c, {1, 28, 28}, 10);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("registered: cnn, gpt, mlp, resnet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("registered: cnn, gpt, mlp, resnet"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -28,9 +28,7 @@ using gpurun::IoError;
 
 class FsFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = tmp_.path();
-  }
+  void SetUp() override { dir_ = tmp_.path(); }
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::vector<std::string> entries() const {
     std::vector<std::string> names;
