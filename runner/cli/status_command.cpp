@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/store.h"
 #include "gpurun/errors.h"
 #include "report/reporter.h"
 #include "util/clock.h"
@@ -23,6 +24,18 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
   try {
     text = fs::read_file(run_dir + "/status.json");
   } catch (const IoError& e) {
+    bool checkpoints = false;
+    try {
+      checkpoints = CheckpointView(run_dir).has_checkpoints();
+    } catch (const IoError&) {
+    }
+    // A checkpoint directory whose run wrote metrics and status elsewhere (--run-dir).
+    if (checkpoints)
+      throw ConfigError(run_dir +
+                        " holds checkpoints but no status.json: its run was started "
+                        "with --run-dir, which is where status.json is; give that directory "
+                        "(gpurun ckpt list " +
+                        run_dir + " shows the checkpoints)");
     throw ConfigError("no run in " + run_dir + ": " + e.what());
   }
   nlohmann::json s = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

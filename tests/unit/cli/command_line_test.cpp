@@ -1,5 +1,8 @@
 // Unit tests of the command-line parser (docs/architecture.md's "Command line"): every subcommand's
 // shape, --set order, SIZE parsing, the launcher-only options and the errors a typo gets.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -7,6 +10,8 @@
 
 #include "cli/command_line.h"
 #include "cli/options.h"
+#include "cli/status_command.h"
+#include "common/temp_dir.h"
 #include "gpurun/errors.h"
 
 namespace gpurun {
@@ -113,6 +118,25 @@ TEST(CommandLine, MistakesAreConfigErrorsThatSayWhatIsWrong) {
             std::string::npos);
   for (const std::string& e : {error_of({"r.yaml"}), error_of({"ckpt", "x", "d"})})
     EXPECT_NE(e.find("gpurun --help"), std::string::npos) << e;
+}
+
+TEST(StatusCommand, ACheckpointDirectoryWithoutStatusPointsAtTheRunDir) {
+  test::TempDir dir("status");
+  std::ostringstream out;
+  try {
+    status_command(dir.path(), false, out);
+    FAIL() << "no status.json, no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no run in"), std::string::npos) << e.what();
+  }
+  std::filesystem::create_directory(dir / "ckpt-e0000-s0000010");
+  std::ofstream(dir / "LATEST") << "ckpt-e0000-s0000010";
+  try {
+    status_command(dir.path(), false, out);
+    FAIL() << "no status.json, no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--run-dir"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
