@@ -201,6 +201,24 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
 
 // A limit just above what every part of the run needs fits as configured: the probes' own
 // copies (of a model whose weights are a quarter of the need) take no room under the limit.
+// A global batch beyond the training set is one step of the whole set an epoch: the probe must
+// measure what a step can hold (the set), not allocate the configured batch (which here would
+// need about 3 GB of input alone and, larger still, ran the machine out of memory).
+TEST(MemoryFit, BatchLargerThanTheTrainingSetIsProbedAtTheSetsSize) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  const std::vector<std::string> small{"data.train_samples=256", "data.eval_samples=256"};
+  std::vector<std::string> huge = small;
+  huge.push_back("train.batch_size=1000000");
+  std::vector<std::string> whole = small;
+  whole.push_back("train.batch_size=256");
+  const nlohmann::json a = plan_json(config, huge), b = plan_json(config, whole);
+  ASSERT_TRUE(a.contains("measured_peaks") && b.contains("measured_peaks")) << a.dump();
+  EXPECT_EQ(a["global_batch"], 1000000);
+  EXPECT_EQ(a["measured_peaks"]["training"], b["measured_peaks"]["training"])
+      << "a step of the whole 256-sample set, probed the same whatever the configured batch";
+}
+
 TEST(MemoryFit, ALimitJustAboveTheMeasuredPeakFitsAsConfigured) {
   TempDir dir;
   const std::string config =

@@ -2,7 +2,6 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/remainder.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -26,8 +25,11 @@
 namespace gpurun {
 namespace {
 
+/// The first min(count, n) samples of a split of n: a step's window is at most the epoch, and
+/// an evaluation batch at most the split, so a probe never holds more than the run can (a
+/// train.batch_size beyond the training set must not be probed at its configured size).
 at::Tensor first_samples(int64_t count, int64_t n) {
-  return at::remainder(at::arange(count, at::kLong), n);
+  return at::arange(std::min(count, n), at::kLong);
 }
 
 /// Puts weights, buffers, the global RNG and the checkpointing flags back and drops the
