@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git ccache
+  build-essential cmake ninja-build pkg-config git ccache clang-format
   libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
   libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libxxhash-dev zlib1g-dev
   libgtest-dev                      # tests
