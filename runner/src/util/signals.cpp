@@ -41,8 +41,7 @@ void on_signal(int sig) {
     }
     if (earlier >= 1) exit_now();
   }
-  int expected = 0;
-  g_signal.compare_exchange_strong(expected, sig);
+  request_stop(sig);  // an atomic compare-exchange: async-signal-safe
 }
 
 void immediate_stop_loop(int read_fd) {
