@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Configures and builds gpurun into ./build with Ninja.
+# Configures and builds gpurun into ./build with Ninja, against the LibTorch that
+# scripts/install-deps.sh chose (--print-torch-prefix).
 # Usage: scripts/build.sh [TARGET...]   (default: everything, tests included)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPURUN_BUILD_TESTS=ON >/dev/null
+prefix=$(scripts/install-deps.sh --print-torch-prefix)
+python=$(scripts/install-deps.sh --print-torch-python)
+# Caffe2's CMake probes for a GPU to pick CUDA architectures; gpurun compiles no kernels of its
+# own, so name one list and spare the probe (and its warning) on machines without a GPU.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0"}
+mkdir -p build
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPURUN_BUILD_TESTS=ON \
+  -DCMAKE_PREFIX_PATH="$prefix" -DGPURUN_PYTHON="$python" >build/cmake.log 2>&1 || { mkdir -p build; cat build/cmake.log; exit 1; }
+grep -E "^-- gpurun:" build/cmake.log || true
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done
 cmake --build build -j"$(nproc)" "${targets[@]}"

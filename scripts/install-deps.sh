@@ -1,31 +1,89 @@
 #!/usr/bin/env bash
-# Installs what gpurun needs to build, test and train, from Debian's packages only.
-# Idempotent: packages already installed are skipped by apt. Run as root (or through sudo).
+# Installs what gpurun needs to build, test and train: Debian packages, and LibTorch from
+# PyTorch 2.x, the way GPU users have it.
+#
+# LibTorch: the PyTorch that `python3` already imports (a rented GPU box, a conda env) when it
+# is >= 2.7; otherwise the pinned release below, from PyPI, in a virtual environment outside
+# the checkout ($GPURUN_TORCH_VENV), so that every clone on the machine reuses it. PyPI's
+# torch 2.11.0 wheel is built for CUDA 13.0 (cuda-toolkit 13.0.2, cuDNN 9.19, NCCL 2.28,
+# checked with `pip download --no-deps torch==2.11.0`), the toolkit's major version here, and
+# brings its own CUDA libraries (cuSPARSELt, NVSHMEM and cuFile are not in the toolkit).
+#
+# Usage: scripts/install-deps.sh                       install (idempotent; root or sudo for apt)
+#        scripts/install-deps.sh --print-torch-prefix  print the CMake prefix of the LibTorch to
+#                                                      build against, and nothing else
+#        scripts/install-deps.sh --print-torch-python  print the Python that has that torch
 set -euo pipefail
+
+TORCH_PIN=2.11.0     # the one place the PyPI release is named
+TORCH_MIN=2.7        # C++11-ABI wheels (Debian's yaml-cpp, spdlog link) and device-generic autocast
+GPURUN_TORCH_VENV=${GPURUN_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/torch-$TORCH_PIN}
 
 packages=(
   build-essential cmake ninja-build pkg-config git ccache clang-format
-  libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU) and the Gloo headers c10d needs
-  libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libxxhash-dev zlib1g-dev
+  libgloo-dev                       # Gloo's headers, which c10d's ProcessGroupGloo.hpp includes
+  libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
+  zlib1g-dev
   libgtest-dev                      # tests
-  python3 python3-torch             # interop tests (torch.load of model.pt) and the benchmark
+  python3 python3-venv              # the PyTorch venv, interop tests (torch.load of model.pt)
   dataset-fashion-mnist             # the real data set: /usr/share/datasets/fashion-mnist
   bible-kjv-text bible-kjv          # the King James Bible for examples/char_lm.yaml (see below)
   procps util-linux                 # ps/kill/mount used by the fault-injection tests
 )
+# Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
+# would shadow the chosen LibTorch's, so it is removed when present.
+obsolete=(libtorch-dev libtorch1.13 python3-torch)
 
 # bible-kjv-text ships the text compressed in its own format (/usr/lib/bible.data); its reader
 # `bible` writes it as plain text, one verse a line (4.3 MB, ASCII, the same bytes every time).
 KJV=/usr/local/share/gpurun/kjv.txt
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# Prints the Python that has a usable torch (>= TORCH_MIN), or nothing.
+torch_python() {
+  local py
+  for py in python3 "$GPURUN_TORCH_VENV/bin/python"; do
+    command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || continue
+    if "$py" - "$TORCH_MIN" >/dev/null 2>&1 <<'EOF'
+import sys
+import torch
+want = tuple(int(x) for x in sys.argv[1].split("."))
+have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+sys.exit(0 if have >= want else 1)
+EOF
+    then
+      echo "$py"
+      return
+    fi
+  done
+}
+
+case "${1:-}" in
+  --print-torch-prefix|--print-torch-python)
+    py=$(torch_python)
+    if [ -z "$py" ]; then
+      echo "install-deps: no PyTorch >= $TORCH_MIN found; run scripts/install-deps.sh" >&2
+      exit 1
+    fi
+    [ "$1" = --print-torch-python ] && exec "$py" -c 'import sys; print(sys.executable)'
+    exec "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' ;;
+esac
+
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+remove=()
+for p in "${obsolete[@]}"; do installed "$p" && remove+=("$p"); done
+if [ ${#remove[@]} -gt 0 ]; then
+  echo "install-deps: removing Debian's LibTorch 1.13 (${remove[*]}): gpurun builds on PyTorch's"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -qq "${remove[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get autoremove -y -qq >/dev/null
+fi
+
+missing=()
+for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages already installed"
+  echo "install-deps: all ${#packages[@]} Debian packages already installed"
 else
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
@@ -37,3 +95,14 @@ if [ ! -s "$KJV" ]; then
   bible -l100000 Gen1:1-Rev22:21 </dev/null | $SUDO tee "$KJV.tmp" >/dev/null
   $SUDO mv "$KJV.tmp" "$KJV"
 fi
+
+py=$(torch_python)
+if [ -z "$py" ]; then
+  echo "install-deps: installing PyTorch $TORCH_PIN from PyPI into $GPURUN_TORCH_VENV"
+  # An interrupted install leaves a torch that does not import: the next run installs again.
+  python3 -m venv "$GPURUN_TORCH_VENV"
+  # numpy: torch's tensor <-> numpy interop in the Python tests and benchmarks.
+  "$GPURUN_TORCH_VENV/bin/pip" install -q "torch==$TORCH_PIN" numpy
+  py=$(torch_python)
+fi
+"$py" -c 'import torch; print("install-deps: LibTorch", torch.__version__, "from", torch.__file__.rsplit("/", 2)[0], "(CUDA", torch.version.cuda or "none", end=")\n")'

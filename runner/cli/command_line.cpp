@@ -189,7 +189,7 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       out << cmd.help;
       return kExitOk;
     case Command::Kind::kVersion:
-      out << "gpurun " << gpurun_version() << "\n";
+      out << version_line() << "\n";
       return kExitOk;
     case Command::Kind::kCkpt:
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);

@@ -1,6 +1,6 @@
 // TorchScript models and `gpurun export` (issue 6) with the real binary, checked from Debian's
-// Python (python3-torch): a module scripted in Python trains, resumes exactly, and comes back
-// to Python trained; a state_dict export loads with torch.load.
+// Python (the torch this build uses, GPURUN_PYTHON): a module scripted in Python trains, resumes
+// exactly, and comes back to Python trained; a state_dict export loads with torch.load.
 #include <signal.h>
 
 #include <filesystem>
@@ -15,8 +15,6 @@ namespace gpurun::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* const kPython = "/usr/bin/python3";
 
 /// Writes a scripted Fashion-MNIST classifier with BatchNorm (buffers) and dropout (RNG) to
 /// `path`, from Python, as a user would (torch.jit.script reads the class's source, so the script
@@ -62,7 +60,7 @@ std::string latest(const std::string& ckpt) {
 }
 
 TEST(TorchScript, TrainsWithFallingLossAndResumesAfterSigkillToTheSameDigest) {
-  if (!fs::exists(kPython)) GTEST_SKIP() << "Debian's python3-torch is not installed";
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << ": the Python with torch (install-deps.sh)";
   TempDir dir;
   script_model(dir / "net.pt");
   const std::string config = write_config(dir, torchscript_config(1200, 40, 2));  // 60 steps
@@ -98,7 +96,7 @@ TEST(TorchScript, TrainsWithFallingLossAndResumesAfterSigkillToTheSameDigest) {
 }
 
 TEST(Export, TorchScriptCheckpointLoadsInPythonAsTheTrainedModule) {
-  if (!fs::exists(kPython)) GTEST_SKIP() << "Debian's python3-torch is not installed";
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << ": the Python with torch (install-deps.sh)";
   TempDir dir;
   script_model(dir / "net.pt");
   const std::string config = write_config(dir, torchscript_config(300, 30, 1));
@@ -139,7 +137,7 @@ TEST(Export, TorchScriptCheckpointLoadsInPythonAsTheTrainedModule) {
 }
 
 TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
-  if (!fs::exists(kPython)) GTEST_SKIP() << "Debian's python3-torch is not installed";
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << ": the Python with torch (install-deps.sh)";
   TempDir dir;
   const std::string config = write_config(dir, small_config(300, 30, 1));  // 10 steps
   ASSERT_EQ(

@@ -24,6 +24,9 @@ struct Result {
 
 using Env = std::map<std::string, std::string>;
 
+/// The Python whose torch this build uses (CMake's GPURUN_PYTHON), for interop checks.
+inline const char* const kPython = GPURUN_PYTHON;
+
 /// Starts gpurun with `args`, stdout/stderr to `log_prefix`.out/.err; returns its pid.
 pid_t start_gpurun(const std::vector<std::string>& args, const std::string& log_prefix,
                    const Env& env = {});

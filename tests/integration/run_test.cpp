@@ -243,7 +243,7 @@ TEST(Json, EveryJsonOutputIsExactlyOneObject) {
 }
 
 TEST(Interop, ModelPtLoadsInPythonAsAPlainDictOfTheSameTensors) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "Debian's python3-torch is not installed";
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << ": the Python with torch (install-deps.sh)";
   TempDir dir;
   const std::string config = write_config(dir, small_config(60, 30, 1));
   ASSERT_EQ(run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "model.name=cnn", "--set",
@@ -260,7 +260,7 @@ TEST(Interop, ModelPtLoadsInPythonAsAPlainDictOfTheSameTensors) {
       "assert all(isinstance(v, torch.Tensor) for v in d.values())\n"
       "print(len(d), ','.join(d.keys()))\n"
       "torch.save({k: v.clone() for k, v in d.items()}, sys.argv[2])\n";
-  Result py = run_program({"/usr/bin/python3", "-c", script, model_pt, dir / "back.pt"});
+  Result py = run_program({kPython, "-c", script, model_pt, dir / "back.pt"});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_TRUE(contains(py.out, "num_batches_tracked")) << py.out;
   NamedTensors ours = unpickle_tensors(slurp(model_pt), "model.pt");

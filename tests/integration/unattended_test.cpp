@@ -76,7 +76,9 @@ TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(2400, 40, 2));
   const std::vector<std::string> sets{"model.hidden=[256,256]", "checkpoint.every_steps=25"};
-  Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets));
+  // 20 ms after every step: a run long enough (>= 2.4 s) for three signals on any machine.
+  const Env slow{{"GPURUN_FAULT", "sleep20:after_step:*"}};
+  Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets), slow);
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
   const std::string expected = inspect(dir / "reference").value("model_digest", "");
 
@@ -86,7 +88,8 @@ TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
   int stopped = 0;
   for (int attempt = 0; attempt < 10; ++attempt) {
     const std::string before = slurp(ckpt + "/LATEST");
-    pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), dir / "run");
+    pid_t pid =
+        start_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), dir / "run", slow);
     if (stopped < 3 && wait_for_new_checkpoint(ckpt, pid, before)) {
       sleep_for(delay(rng));
       kill(pid, SIGTERM);

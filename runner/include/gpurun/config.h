@@ -80,6 +80,9 @@ struct TrainConfig {
   int64_t seed = 0;
   int64_t threads = 0;                 ///< intra-op threads; 0: LibTorch's default
   std::string loss = "cross_entropy";  ///< registry name of the loss (loss.h)
+  /// On CUDA: deterministic cuBLAS (CUBLAS_WORKSPACE_CONFIG) and cuDNN algorithms, so that a
+  /// resumed run is bit-identical to an uninterrupted one; off trades that for speed.
+  bool deterministic = true;
 };
 
 /// Text generated after every epoch by a model of token data (data text with model gpt, or

@@ -1,7 +1,5 @@
 #include "checkpoint/checkpointer.h"
 
-#include <ATen/ops/empty.h>
-
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,24 +15,8 @@
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
-#include "util/rng.h"
 
 namespace gpurun {
-namespace {
-
-std::string tensor_bytes(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
-}
-
-at::Tensor uint8_tensor(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
-
-}  // namespace
-
 Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                            Collectives* comm)
     : config_(config),
@@ -126,11 +108,13 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
                         torch::optim::Optimizer& optimizer) {
   const int64_t step = meta.global_step;
   // Every rank's random state goes into rank 0's trainer.pt; the other ranks write nothing.
-  std::vector<at::Tensor> rank_rng;
+  std::vector<NamedTensors> rank_rng;
   if (comm_) {
     const std::vector<std::string> states =
-        comm_->gather(tensor_bytes(rng_state(default_generator(at::kCPU))));
-    for (size_t r = 1; r < states.size(); ++r) rank_rng.push_back(uint8_tensor(states[r]));
+        comm_->gather(pickle_tensors(process_rng_states(model_device(model))));
+    for (size_t r = 1; r < states.size(); ++r)
+      rank_rng.push_back(
+          unpickle_tensors(states[r], "rank " + std::to_string(r) + "'s random state"));
   }
   if (rank_ == 0) {
     // Re-read now, not only as the heartbeat last saw it: a save must never follow a takeover.

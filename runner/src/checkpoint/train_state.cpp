@@ -3,7 +3,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -18,8 +21,26 @@ namespace gpurun {
 std::string pickle_tensors(const NamedTensors& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : tensors) dict.insert(name, tensor);
-  std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-  return std::string(bytes.begin(), bytes.end());
+  // torch::jit::pickle_save() with one difference: no type tags. A tagged dict is pickled as a
+  // call to torch.jit._pickle.restore_type_tag, which torch.load's default weights_only=True
+  // (PyTorch >= 2.6) refuses; untagged, the file holds only a dict, strings and tensors.
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
 }
 
 NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
@@ -46,14 +67,30 @@ std::string cpu_capability() {
 }
 
 namespace {
-std::string rng_key(int rank) {
-  return rank == 0 ? "cpu_rng_state" : "cpu_rng_state.rank" + std::to_string(rank);
+constexpr const char* kCpuRng = "cpu_rng_state";
+constexpr const char* kCudaRng = "cuda_rng_state";
+
+/// trainer.pt's key of rank `rank`'s state `name`: rank 0 keeps the plain name, as before
+/// distributed runs existed.
+std::string rng_key(const std::string& name, int rank) {
+  return rank == 0 ? name : name + ".rank" + std::to_string(rank);
 }
 }  // namespace
 
+c10::Device model_device(const torch::nn::Module& model) {
+  const std::vector<at::Tensor> params = model.parameters();
+  return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+}
+
+NamedTensors process_rng_states(const c10::Device& device) {
+  NamedTensors states{{kCpuRng, rng_state(default_generator(at::kCPU))}};
+  if (device.is_cuda()) states.emplace_back(kCudaRng, rng_state(default_generator(device)));
+  return states;
+}
+
 CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                  CheckpointMeta meta,
-                                 const std::vector<at::Tensor>& rank_rng_states) {
+                                 const std::vector<NamedTensors>& rank_rng_states) {
   NamedTensors weights;
   for (const auto& [name, tensor] : state_dict(model))
     weights.emplace_back(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
@@ -63,9 +100,10 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::O
     optimizer.save(archive);
     archive.save_to(optim);
   }
-  NamedTensors trainer{{rng_key(0), rng_state(default_generator(at::kCPU))}};
+  NamedTensors trainer = process_rng_states(model_device(model));
   for (size_t r = 0; r < rank_rng_states.size(); ++r)
-    trainer.emplace_back(rng_key(static_cast<int>(r) + 1), rank_rng_states[r]);
+    for (const auto& [name, state] : rank_rng_states[r])
+      trainer.emplace_back(rng_key(name, static_cast<int>(r) + 1), state);
   meta.model_digest = model_digest(model);
   meta.threads = at::get_num_threads();
   meta.cpu_capability = cpu_capability();
@@ -101,13 +139,19 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
     archive.load_from(in, at::kCPU);
     optimizer.load(archive);
   }
+  const c10::Device device = model_device(model);
+  bool found_cpu = false;
   for (const auto& [name, tensor] :
        unpickle_tensors(checkpoint.file("trainer.pt"), where + "/trainer.pt")) {
-    if (name != rng_key(rank)) continue;
-    set_rng_state(default_generator(at::kCPU), tensor);
-    return true;
+    if (name == rng_key(kCpuRng, rank)) {
+      set_rng_state(default_generator(at::kCPU), tensor);
+      found_cpu = true;
+    } else if (name == rng_key(kCudaRng, rank) && device.is_cuda()) {
+      // A CUDA state restores onto this rank's device; a resume on the CPU has no use for it.
+      set_rng_state(default_generator(device), tensor);
+    }
   }
-  return false;
+  return found_cpu;
 }
 
 }  // namespace gpurun

@@ -25,18 +25,27 @@ std::string pickle_tensors(const NamedTensors& tensors);
 /// Inverse of pickle_tensors. Throws ResumeError for bytes that are not such a dict.
 NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what);
 
-/// Host copies of the model, optimizer and RNG state, serialized into checkpoint files;
-/// `meta` gets the model digest, thread count and CPU capability filled in. In a distributed
-/// run `rank_rng_states` holds the other ranks' generator states (rng_state() of the CPU
-/// generator of rank 1, 2, ...; util/rng.h), stored in trainer.pt as "cpu_rng_state.rank<R>".
+/// The device `model`'s parameters live on; the CPU for a model without parameters.
+c10::Device model_device(const torch::nn::Module& model);
+
+/// This process's random state for a model on `device`: "cpu_rng_state" (the global CPU
+/// generator, dropout on the CPU and every CPU random op) and, on a CUDA device,
+/// "cuda_rng_state" (that device's default generator: dropout on the GPU).
+NamedTensors process_rng_states(const c10::Device& device);
+
+/// Host copies of the model, optimizer and RNG state (process_rng_states() of the model's
+/// device), serialized into checkpoint files; `meta` gets the model digest, thread count and
+/// CPU capability filled in. In a distributed run `rank_rng_states` holds the other ranks'
+/// process_rng_states() (rank 1, 2, ...), stored in trainer.pt as "<name>.rank<R>".
 CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                  CheckpointMeta meta,
-                                 const std::vector<at::Tensor>& rank_rng_states = {});
+                                 const std::vector<NamedTensors>& rank_rng_states = {});
 
 /// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so
-/// the optimizer's references stay valid), `optimizer` and the global CPU generator (rank
-/// `rank`'s saved state). Returns false when the checkpoint has no generator state for
-/// `rank` (it was written by fewer ranks); the generator is then left as it is.
+/// the optimizer's references stay valid), `optimizer` and rank `rank`'s generators (the CPU
+/// one, and the model's CUDA device's when the checkpoint has its state). Returns false when
+/// the checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
+/// generators are then left as they are.
 /// Throws ResumeError when a tensor is missing or has another shape, naming it.
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank = 0);

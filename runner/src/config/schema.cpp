@@ -83,6 +83,8 @@ const std::vector<Key>& schema() {
     // The manifest records threads on their own; a different count only warns on resume.
     {GPURUN_KEY(train, threads), at_least(0), "intra-op threads; 0: LibTorch's", kNotHashed},
     {GPURUN_KEY(train, loss), non_empty(), "registry name of the loss: cross_entropy or a plugin's", kHashed},
+    // Bits, not what is learned: a resume may switch it (the manifest records it).
+    {GPURUN_KEY(train, deterministic), any(), "CUDA: deterministic cuBLAS and cuDNN for an exact resume", kNotHashed},
     {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
     {GPURUN_KEY(checkpoint, every_minutes), at_least(0), "also save every N minutes", kNotHashed},
     {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},

@@ -8,10 +8,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(GPURUN_WITH_CUDA) && defined(USE_C10D_NCCL)
+#if defined(GPURUN_WITH_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#define GPURUN_WITH_NCCL 1
 #endif
 
 #include <chrono>
@@ -44,8 +43,8 @@ struct Collectives::Impl {
   DistEnv env;
   c10::Device device{c10::kCPU};
   c10::intrusive_ptr<::c10d::Store> store;
-  // LibTorch 1.13's process groups derive from c10d::ProcessGroup, 2.x's from c10d::Backend,
-  // so each backend is held by its own type and group() dispatches.
+  // The backend in use, held by its own type (c10d::Backend's collectives are virtual, but the
+  // NCCL one exists only in CUDA builds); run() dispatches.
   c10::intrusive_ptr<::c10d::ProcessGroupGloo> gloo;
 #ifdef GPURUN_WITH_NCCL
   c10::intrusive_ptr<::c10d::ProcessGroupNCCL> nccl;

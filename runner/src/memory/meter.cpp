@@ -14,7 +14,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
-#if defined(GPURUN_WITH_CUDA) && __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#ifdef GPURUN_WITH_CUDA
 #define GPURUN_CUDA_METER 1
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -80,22 +80,16 @@ void delete_counted(void* data) {
 /// never deletes it (a few dozen bytes per meter) and detaches it instead. A detached
 /// allocator counts nothing and allocates through the CPU allocator in force at that moment,
 /// so that resizes of old storages are seen by whichever meter is then active.
-///
-/// Both `allocate` signatures are defined, and `override` is not written, so that this class
-/// compiles against LibTorch 1.13, where the virtual is `allocate(size_t) const`, and 2.6,
-/// where it is `allocate(size_t)` and `copy_data` is pure virtual. Whichever the base
-/// declares is the one that overrides it.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   CountingCpuAllocator(c10::Allocator* inner, Counter* counter)
       : inner_(inner), counter_(counter) {}
 
-  c10::DataPtr allocate(size_t nbytes) const { return allocate_with_header(nbytes); }
-  c10::DataPtr allocate(size_t nbytes) { return allocate_with_header(nbytes); }
+  c10::DataPtr allocate(size_t nbytes) override { return allocate_with_header(nbytes); }
 
-  c10::DeleterFnPtr raw_deleter() const { return &delete_counted; }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::copy_n(static_cast<const char*>(src), count, static_cast<char*>(dest));
   }
 
@@ -217,15 +211,8 @@ class CpuMeter final : public MemoryMeter {
 #ifdef GPURUN_CUDA_METER
 namespace cuda_alloc = c10::cuda::CUDACachingAllocator;
 
-// The statistics types live in c10::cuda::CUDACachingAllocator in LibTorch 1.x and moved to
-// c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h) in 2.x (2.6 has it there).
-#if __has_include(<c10/core/CachingDeviceAllocator.h>)
 using Stat = c10::CachingDeviceAllocator::Stat;
 using StatType = c10::CachingDeviceAllocator::StatType;
-#else
-using Stat = cuda_alloc::Stat;
-using StatType = cuda_alloc::StatType;
-#endif
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -245,7 +232,8 @@ class CudaMeter final : public MemoryMeter {
     check_cuda(cudaSetDevice(previous), "cudaSetDevice");
     name_ = "cuda:" + std::to_string(index_) + " (" + prop.name + ")";
     device_ = static_cast<int64_t>(total_bytes);
-    capacity_ = device_;
+    // The context (hundreds of MiB) and other processes' memory are not ours to plan with.
+    capacity_ = static_cast<int64_t>(free_bytes) + reserved().current;
     if (limit_bytes > 0 && limit_bytes < capacity_) {
       capacity_ = limit_bytes;
       cuda_alloc::setMemoryFraction(
@@ -264,6 +252,9 @@ class CudaMeter final : public MemoryMeter {
   int64_t capacity_bytes() const override { return capacity_; }
   int64_t device_bytes() const override { return device_; }
   std::string device_name() const override { return name_; }
+  int64_t reserved_bytes() const override { return reserved().current; }
+  int64_t peak_reserved_bytes() const override { return reserved().peak; }
+  void release_cached() override { cuda_alloc::emptyCache(); }
 
  private:
   /// allocated_bytes over both pools (small and large): bytes handed to tensors, not the
@@ -271,6 +262,10 @@ class CudaMeter final : public MemoryMeter {
   Stat aggregate() const {
     return cuda_alloc::getDeviceStats(index_)
         .allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+  }
+  Stat reserved() const {
+    return cuda_alloc::getDeviceStats(index_)
+        .reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)];
   }
 
   c10::DeviceIndex index_;

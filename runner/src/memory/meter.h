@@ -45,6 +45,18 @@ class MemoryMeter {
 
   /// The device in words, e.g. "cpu" or "cuda:0 (NVIDIA H200)".
   virtual std::string device_name() const = 0;
+
+  /// Bytes the allocator holds from the device now and at most since reset_peak(): on CUDA
+  /// the caching allocator's reserved bytes (allocated plus its cache; what nvidia-smi sees
+  /// of the tensors), >= current_bytes(); on the CPU, which caches nothing, the same as
+  /// current_bytes() and peak_bytes().
+  virtual int64_t reserved_bytes() const { return current_bytes(); }
+  virtual int64_t peak_reserved_bytes() const { return peak_bytes(); }
+
+  /// Gives the allocator's cached, unused blocks back to the device (CUDA: emptyCache), as
+  /// after an out-of-memory error, so that a retry with a smaller micro-batch finds the memory
+  /// unfragmented. No-op on the CPU.
+  virtual void release_cached() {}
 };
 
 /// A meter of host memory allocated through LibTorch's CPU allocator (every CPU tensor's
@@ -89,8 +101,11 @@ std::unique_ptr<MemoryMeter> make_cpu_meter(int64_t limit_bytes);
 /// which cover every allocation of this process on that device, also those made before the
 /// meter. On CUDA, a `limit_bytes` smaller than the device is enforced with the caching
 /// allocator's memory fraction (its own OutOfMemoryError); the fraction is reset to 1 when
-/// the meter is destroyed. capacity_bytes() is the device's total memory (cudaMemGetInfo), or
-/// the limit when smaller.
+/// the meter is destroyed. capacity_bytes() is what this process can have: the memory free
+/// when the meter is made (cudaMemGetInfo, once the CUDA context exists, so that the context
+/// and other processes on a shared card are left out) plus what this process's caching
+/// allocator already reserved, or the limit when smaller. cuBLAS and cuDNN workspaces are
+/// allocated through the caching allocator, so the measured peak includes them.
 /// Throws ConfigError for a CUDA device when gpurun was built without CUDA, and for any other
 /// device type.
 std::unique_ptr<MemoryMeter> make_meter(const c10::Device& device, int64_t limit_bytes);

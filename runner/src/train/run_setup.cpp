@@ -1,7 +1,6 @@
 #include "train/run_setup.h"
 
 #include <ATen/Parallel.h>
-#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <c10/util/Exception.h>
@@ -17,21 +16,11 @@
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
 #include "model/torchscript_model.h"
+#include "train/device.h"
 #include "train/suspicious_settings.h"
 #include "util/units.h"
 
 namespace gpurun {
-
-c10::Device resolve_device(const std::string& name, int local_rank) {
-  if (name == "cpu") return c10::kCPU;
-  if (name == "cuda" || name == "auto") {
-    if (torch::cuda::is_available())
-      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-    if (name == "cuda") throw ConfigError("--device cuda: no CUDA device is available");
-    return c10::kCPU;
-  }
-  throw ConfigError("--device must be auto, cpu or cuda, got \"" + name + "\"");
-}
 
 int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
   if (memory_limit > 0) return memory_limit;
@@ -42,7 +31,8 @@ int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank) {
   Session s;
-  s.device = resolve_device(device, local_rank);
+  s.device = select_device(device, local_rank);
+  set_determinism(s.device, config.train.deterministic);
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   s.data = registry.make_dataset(config.data);

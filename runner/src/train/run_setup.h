@@ -34,10 +34,6 @@ struct Session {
 /// memory.capacity when it is a SIZE, else 0 (the device's own size).
 int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit);
 
-/// "auto" (CUDA when available, else CPU), "cpu" or "cuda"; a CUDA device gets index
-/// `local_rank` (one GPU per rank). Throws ConfigError.
-c10::Device resolve_device(const std::string& name, int local_rank = 0);
-
 /// How the ranks of a distributed run agree while planning; empty functions: one process.
 struct PlanAgreement {
   /// The worst of every rank's probe of the same configuration: the largest peak, an

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -26,6 +27,7 @@
 #include "memory/planner.h"
 #include "model/plugin_loader.h"
 #include "report/reporter.h"
+#include "train/device.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "train/run_setup.h"
@@ -381,6 +383,7 @@ class Trainer {
       epoch_loss_sum_ += loss * window;
       epoch_loss_samples_ += window;
       fault_point("after_step", global_step_);
+      if (fault_fires("hog", "after_step", global_step_)) hog_memory();
       reporter_.heartbeat(global_step_);
       checkpointer_.report_finished();
       after_step(loss, window);
@@ -461,8 +464,20 @@ class Trainer {
     for (auto& p : params_) p.mutable_grad() = at::Tensor();
   }
 
+  /// Test-only (GPURUN_FAULT=hog:after_step:N): holds the capacity the plan left free less
+  /// half of what a step adds to the memory in use, so that the next step runs out for real.
+  void hog_memory() {
+    const int64_t now = session_.meter->current_bytes();
+    const int64_t step_adds = std::max<int64_t>(plan_.measured_peak_bytes - now, 2 << 20);
+    const int64_t bytes = session_.meter->capacity_bytes() - now - step_adds / 2;
+    if (bytes > 0) hog_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+
   void shrink_after_oom() {
+    hog_ = at::Tensor();  // a test fault's memory goes with the failure it caused
     release_gradients();
+    // What the failed attempt cached goes back to the device before the smaller one runs.
+    session_.meter->release_cached();
     MemoryPlan smaller = halve_micro_batch(plan_);
     reporter_.end_progress();
     spdlog::warn(
@@ -582,7 +597,10 @@ class Trainer {
     meta.config_hash = config_hash(config_);
     meta.config = config_to_json(config_);
     meta.plan = plan_.to_json();
-    meta.extra = {{"reason", reason}};
+    meta.extra = {{"reason", reason},
+                  {"device", device_.str()},
+                  // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
+                  {"deterministic", !device_.is_cuda() || config_.train.deterministic}};
     if (position > 0) {
       meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
       meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
@@ -640,6 +658,7 @@ class Trainer {
   CollectiveStats interval_stats_;
   int64_t interval_first_step_ = 0;
   std::vector<at::Tensor> params_;
+  at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
@@ -683,7 +702,7 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     // Every line reaches the file at once: a rank killed outright keeps its last words.
     spdlog::default_logger()->flush_on(spdlog::level::trace);
     spdlog::default_logger()->set_pattern("%^gpurun %l%$ [rank " + std::to_string(d.rank) + "] %v");
-    const c10::Device device = resolve_device(options.device, d.local_rank);
+    const c10::Device device = select_device(options.device, d.local_rank);
     comm = Collectives::connect(d, device, config.distributed.timeout);
   }
   Trainer(config, options, registry, std::move(comm)).run();

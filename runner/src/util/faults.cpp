@@ -44,12 +44,18 @@ std::vector<Fault> parse_faults() {
   }
   return faults;
 }
+
+const std::vector<Fault>& configured_faults() {
+  static const std::vector<Fault> faults = parse_faults();
+  return faults;
+}
 }  // namespace
 
 void fault_point(const char* point, int64_t count) {
-  static const std::vector<Fault> faults = parse_faults();
+  const std::vector<Fault>& faults = configured_faults();
   for (const Fault& f : faults) {
     if (f.point != point || (f.count != count && f.count != -1)) continue;
+    if (f.action == "hog") continue;  // the trainer's own (fault_fires)
     if (f.action.rfind("sleep", 0) == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(f.action.c_str() + 5)));
       continue;
@@ -60,6 +66,15 @@ void fault_point(const char* point, int64_t count) {
     if (f.action == "exit1") _exit(1);
     if (f.action == "sigterm") request_stop(SIGTERM);
   }
+}
+
+bool fault_fires(const char* action, const char* point, int64_t count) {
+  for (const Fault& f : configured_faults()) {
+    if (f.action != action || f.point != point || (f.count != count && f.count != -1)) continue;
+    spdlog::warn("test fault: {} at {} {}", f.action, point, count);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace gpurun

@@ -3,7 +3,9 @@
 //   GPURUN_FAULT=ACTION:POINT:N[,ACTION:POINT:N...]
 //     ACTION  sigkill (the process SIGKILLs itself) | abort (SIGABRT, like a crash) |
 //             exit1 (exit code 1) | sigterm (a stop request, as from `kill`) |
-//             sleepMS (sleeps MS milliseconds: slow storage, a hang)
+//             sleepMS (sleeps MS milliseconds: slow storage, a hang) |
+//             hog (the trainer allocates device memory, leaving its next step half the room
+//             it needs, so that the step meets a real out-of-memory error in the allocator)
 //     POINT   after_step (N = optimizer steps completed) | after_save (N = saves completed
 //             by this process) | before_rename (N = saves started by this process; fires
 //             after every file of the checkpoint is written, before the folder is renamed) |
@@ -20,5 +22,9 @@ namespace gpurun {
 
 /// Fires the configured fault when `point` reaches `count`. No-op without GPURUN_FAULT.
 void fault_point(const char* point, int64_t count);
+
+/// Whether the caller's own action `action` (hog: the trainer takes memory from under its plan)
+/// is configured for `point` at `count`. The caller carries it out.
+bool fault_fires(const char* action, const char* point, int64_t count);
 
 }  // namespace gpurun

@@ -2,6 +2,7 @@
 // threads of this process: docs/architecture.md, case 6 (one all-reduce per optimizer step, not per
 // micro-batch) and 12 (activation checkpointing under DDP), plus the small collectives.
 
+#include <torch/cuda.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -179,6 +180,27 @@ TEST(Collectives, RendezvousWithoutPeersFailsNamingTheAddress) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Collectives, NcclOneRankAllReducesAndBroadcasts_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  DistEnv env;
+  env.world_size = env.local_world_size = 1;
+  env.master_port = find_free_port();
+  auto comm = Collectives::connect(env, c10::Device(c10::kCUDA, 0), 60);
+  auto model = mlp(false);
+  model->to(c10::Device(c10::kCUDA, 0));
+  for (auto& p : model->parameters()) p.mutable_grad() = at::ones_like(p);
+  std::vector<double> control{2.5, 1.0};
+  comm->sync_gradients(model->parameters(), control);
+  EXPECT_EQ(control, (std::vector<double>{2.5, 1.0}));  // a sum over one rank
+  for (const auto& p : model->parameters()) {
+    EXPECT_TRUE(p.grad().is_cuda());
+    EXPECT_TRUE(p.grad().equal(at::ones_like(p))) << "gradient changed by a 1-rank all-reduce";
+  }
+  comm->broadcast_tensors(model->parameters());
+  EXPECT_EQ(comm->all_reduce({3.0}, Collectives::Op::kMax), (std::vector<double>{3.0}));
+  EXPECT_EQ(comm->stats().gradient_syncs, 1);
 }
 
 }  // namespace

@@ -235,6 +235,31 @@ TEST(MemoryMeter, DeviceBytesAreTheMachinesWhateverTheLimit) {
   EXPECT_EQ(make_cpu_meter(123)->device_bytes(), machine);
 }
 
+TEST(MemoryMeter, ReservedCoversAllocatedAndTheCacheGoesBack_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto meter = make_meter(c10::Device(c10::DeviceType::CUDA, 0), 0);
+  {
+    at::Tensor a = at::empty({64 * kMiB}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+    EXPECT_GE(meter->reserved_bytes(), meter->current_bytes());
+  }
+  EXPECT_GE(meter->reserved_bytes() - meter->current_bytes(), 64 * kMiB);  // cached
+  meter->release_cached();
+  EXPECT_LT(meter->reserved_bytes() - meter->current_bytes(), 64 * kMiB);
+  EXPECT_GE(meter->peak_reserved_bytes(), meter->peak_bytes());
+  // The context and other processes are not counted as ours to plan with.
+  EXPECT_LT(meter->capacity_bytes(), meter->device_bytes());
+}
+
+TEST(MemoryMeter, LimitIsTheCachingAllocatorsMemoryFraction_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto meter = make_meter(c10::Device(c10::DeviceType::CUDA, 0), 256 * kMiB);
+  EXPECT_EQ(meter->capacity_bytes(), 256 * kMiB);
+  EXPECT_THROW(at::empty({512 * kMiB}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA)),
+               c10::OutOfMemoryError);
+  at::Tensor fits = at::empty({64 * kMiB}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  EXPECT_GE(meter->current_bytes(), 64 * kMiB);
+}
+
 TEST(MemoryMeter, PeakMatchesAllocator_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto meter = make_meter(c10::Device(c10::DeviceType::CUDA, 0), 0);

@@ -1,6 +1,7 @@
 // Unit tests of the training pieces: schedules, data order, state_dict order and digest,
 // state capture/restore, gradient accumulation (cases 4 and 5), built-in models and idx data.
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -19,8 +20,10 @@
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
+#include "train/device.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
+#include "util/rng.h"
 
 namespace gpurun {
 namespace {
@@ -112,6 +115,47 @@ TEST(StateDict, PyTorchOrderAndDigestSeesEveryBit) {
     w[0] = std::nextafter(w[0], 1e9f);  // one ulp
   }
   EXPECT_NE(model_digest(*model), before);
+}
+
+TEST(State, CudaGeneratorOfTheModelsDeviceIsSavedAndRestored_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const c10::Device cuda = select_device("cuda", 0);
+  auto model = linear_model(8, 3);
+  model->to(cuda);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::cuda::manual_seed_all(7);
+  const CheckpointSnapshot snap = capture_state(*model, sgd, {});
+  const at::Tensor dropout_noise = at::rand({16}, at::TensorOptions().device(cuda));
+  torch::cuda::manual_seed_all(8);  // a fresh process: another stream
+  LoadedCheckpoint loaded;
+  loaded.info.path = "memory";
+  loaded.files = snap.files;
+  ASSERT_TRUE(restore_state(loaded, *model, sgd));
+  EXPECT_TRUE(at::rand({16}, at::TensorOptions().device(cuda)).equal(dropout_noise))
+      << "the CUDA generator was not restored";
+  bool has_cuda_state = false;
+  for (const auto& [name, state] : unpickle_tensors(loaded.file("trainer.pt"), "trainer.pt"))
+    has_cuda_state = has_cuda_state || name == "cuda_rng_state";
+  EXPECT_TRUE(has_cuda_state);
+}
+
+TEST(Device, LocalRankBecomesTheCurrentCudaDevice_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int last = static_cast<int>(torch::cuda::device_count()) - 1;
+  const c10::Device d = select_device("auto", last);
+  EXPECT_EQ(d, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(last)));
+  EXPECT_EQ(at::empty({1}, at::TensorOptions().device(c10::kCUDA)).device().index(), last);
+  EXPECT_THROW(select_device("cuda", last + 1), ConfigError);
+  select_device("cuda", 0);
+}
+
+TEST(Device, AutoWithoutAGpuIsTheCpuAndNamesAreChecked) {
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(select_device("auto", 0), c10::Device(c10::kCPU));
+    EXPECT_THROW(select_device("cuda", 0), ConfigError);
+  }
+  EXPECT_EQ(select_device("cpu", 3), c10::Device(c10::kCPU));
+  EXPECT_THROW(select_device("gpu", 0), ConfigError);
 }
 
 TEST(State, CaptureRestoreBringsBackWeightsOptimizerAndRng) {

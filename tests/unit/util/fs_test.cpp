@@ -1,6 +1,7 @@
 // gpurun::fs on real files in a fresh temporary directory.
 #include "util/fs.h"
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +49,18 @@ int errno_of(const std::function<void()>& f) {
     return e.error_number();
   }
   return 0;
+}
+
+// PyPI's LibTorch exports its own unversioned copy of std::filesystem, which crashes when it
+// is bound instead of the system's (runner/CMakeLists.txt links libstdc++ first for that).
+TEST(FsLinkage, StdFilesystemBindsToTheSystemLibstdcxxNotLibTorchsCopy) {
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
+  const RemoveAll remove_all = &std::filesystem::remove_all;
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  EXPECT_NE(std::string(info.dli_fname).find("libstdc++"), std::string::npos)
+      << "std::filesystem::remove_all is bound to " << info.dli_fname;
 }
 
 TEST_F(FsFiles, WriteThenReadReturnsTheSameBytes) {

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fills bundle/ (ignored by git, at most 60 MiB) with everything scripts/gpu-check.sh needs to
+# build and test gpurun on a GPU machine that has CUDA PyTorch, a compiler, CMake and ninja but
+# no apt and no network: the Debian -dev packages gpurun builds against, their runtime
+# libraries, and the Fashion-MNIST files. Run it on a development machine (Debian 12, after
+# scripts/install-deps.sh); carry bundle/ to the GPU machine with the checkout.
+#
+#   bundle/debs/*.deb          the packages as apt-get download fetched them
+#   bundle/sysroot/usr/...     the same, unpacked: headers, libraries, CMake configs, data
+#   bundle/MANIFEST            package versions and sizes
+#
+# Every dependency gpurun adds joins the list below, or the GPU check cannot build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# -dev packages and the runtime libraries they link (Debian 12 names); header-only ones have none.
+packages=(
+  libyaml-cpp-dev libyaml-cpp0.7
+  libspdlog-dev libspdlog1.10
+  libfmt-dev libfmt9
+  libcxxopts-dev nlohmann-json3-dev
+  libxxhash-dev libxxhash0
+  zlib1g-dev
+  libgtest-dev
+  libgloo-dev                        # headers only: c10d's ProcessGroupGloo.hpp includes them
+  dataset-fashion-mnist              # /usr/share/datasets/fashion-mnist/*.gz
+)
+LIMIT_BYTES=$((60 * 1024 * 1024))
+
+out=bundle
+rm -rf "$out.tmp"
+mkdir -p "$out.tmp/debs" "$out.tmp/sysroot"
+(cd "$out.tmp/debs" && apt-get download "${packages[@]}" >/dev/null)
+for deb in "$out.tmp"/debs/*.deb; do
+  dpkg-deb -x "$deb" "$out.tmp/sysroot"
+  dpkg-deb -f "$deb" Package Version Installed-Size | tr '\n' ' ' >>"$out.tmp/MANIFEST"
+  echo >>"$out.tmp/MANIFEST"
+done
+# Documentation is not needed to build; the .debs keep it for whoever wants it.
+rm -rf "$out.tmp/sysroot/usr/share/doc" "$out.tmp/sysroot/usr/share/man" \
+       "$out.tmp/sysroot/usr/share/lintian"
+# The .debs themselves are only a record: drop them when the unpacked tree alone is too big.
+size=$(du -sb "$out.tmp" | cut -f1)
+if [ "$size" -gt "$LIMIT_BYTES" ]; then
+  rm -rf "$out.tmp/debs"
+  size=$(du -sb "$out.tmp" | cut -f1)
+fi
+if [ "$size" -gt "$LIMIT_BYTES" ]; then
+  echo "gpu-bundle: $out is $((size / 1048576)) MiB, over the 60 MiB limit" >&2
+  exit 1
+fi
+rm -rf "$out"
+mv "$out.tmp" "$out"
+echo "gpu-bundle: $out/ holds ${#packages[@]} packages, $((size / 1048576)) MiB"

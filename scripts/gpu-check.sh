@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Proves gpurun on one machine, in one command: builds it (from bundle/ alone unless --build-dir
+# names a build) against the machine's PyTorch, then measures the CUDA unit tests, the memory
+# meter against PyTorch's own counter, fitting under a memory limit, recovery from a real OOM in
+# training, an exact resume after SIGKILL, throughput against a plain PyTorch loop, the
+# checkpoint stall, and NCCL. On a machine without a GPU, --device cpu runs every row that does
+# not need CUDA and marks the others skipped.
+#
+# Usage: scripts/gpu-check.sh [--device cuda|cpu] [--out DIR] [--build-dir DIR]
+#
+# The report, DIR/gpu-check.md, is written one row at a time (a run cut short keeps what it
+# measured): | check | result | figure |, result pass, fail or skipped. DIR/logs/ holds the
+# output of every step. Exit status: 0 when no row failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+device=cuda out=gpu-check-out build_dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --build-dir) build_dir=$2; shift 2 ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+case "$device" in cuda|cpu) ;; *) echo "gpu-check: --device must be cuda or cpu" >&2; exit 2 ;; esac
+mkdir -p "$out/logs"
+out=$(cd "$out" && pwd)
+report=$out/gpu-check.md
+logs=$out/logs
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+failures=0
+start_time=$(date +%s)
+
+row() {  # row CHECK RESULT FIGURE
+  printf '| %s | %s | %s |\n' "$1" "$2" "$3" >>"$report"
+  printf 'gpu-check: %-44s %-7s %s\n' "$1" "$2" "$3" >&2
+  [ "$2" = fail ] && failures=$((failures + 1))
+  return 0
+}
+elapsed() { echo "$(( $(date +%s) - start_time )) s"; }
+
+# The Python that has torch: this machine's, else the one install-deps.sh set up.
+python=""
+for py in python3 "$(scripts/install-deps.sh --print-torch-python 2>/dev/null)"; do
+  [ -n "$py" ] && "$py" -c 'import torch' 2>/dev/null && { python=$py; break; }
+done
+json() { "$python" -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {}, {"d": d}))' "$1"; }
+
+{
+  echo "# gpurun GPU check ($device), $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "| check | result | figure |"
+  echo "|---|---|---|"
+} >"$report"
+
+# --- the machine -------------------------------------------------------------------------------
+row "host" pass "$(uname -srm); $(ldd --version 2>&1 | head -1 | sed 's/.*) //;s/|/\//g') glibc"
+libstdcxx=$(gcc -print-file-name=libstdc++.so.6 2>/dev/null)
+row "compiler" pass "$(gcc --version 2>/dev/null | head -1 | tr '|' '/'); libstdc++ $(strings "$libstdcxx" 2>/dev/null | grep -o 'GLIBCXX_3\.4\.[0-9]*' | sort -V | tail -1); cmake $(cmake --version | head -1 | awk '{print $3}')"
+if [ -z "$python" ]; then
+  row "pytorch" fail "no Python with torch"
+  exit 1
+fi
+row "pytorch" pass "$("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())')"
+gpus=0
+if [ "$device" = cuda ]; then
+  gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$gpus" -lt 1 ]; then
+    row "gpu" fail "torch.cuda.device_count() is 0"
+    exit 1
+  fi
+  row "gpu" pass "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 | tr '|' '/') x $gpus"
+fi
+
+# --- build -------------------------------------------------------------------------------------
+data=/usr/share/datasets/fashion-mnist
+if [ -z "$build_dir" ]; then
+  build_dir=$work/build
+  sysroot=$root/bundle/sysroot
+  if [ ! -d "$sysroot" ]; then
+    row "build" fail "no bundle/ (run scripts/gpu-bundle.sh on a development machine)"
+    exit 1
+  fi
+  [ -d "$data" ] || data=$sysroot/usr/share/datasets/fashion-mnist
+  prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  t0=$(date +%s)
+  if TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0"} \
+     cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+       -DGPURUN_BUILD_TESTS=ON -DGPURUN_PYTHON="$(command -v "$python")" \
+       -DCMAKE_PREFIX_PATH="$prefix;$sysroot/usr" \
+       >"$logs/configure.log" 2>&1 &&
+     cmake --build "$build_dir" -j"$(nproc)" >"$logs/build.log" 2>&1; then
+    row "build from bundle/" pass "$(( $(date +%s) - t0 )) s; $(grep -h 'gpurun: ' "$logs/configure.log" | sed 's/-- gpurun: //' | tr '\n' ';' | tr '|' '/')"
+  else
+    row "build from bundle/" fail "see logs/configure.log, logs/build.log: $(grep -m1 -E 'error|Error' "$logs/configure.log" "$logs/build.log" | cut -c1-200 | tr '|' '/')"
+    exit 1
+  fi
+else
+  build_dir=$(cd "$build_dir" && pwd)
+  row "build" pass "reused $build_dir"
+fi
+gpurun=$build_dir/runner/gpurun
+row "gpurun --version" pass "$("$gpurun" --version)"
+
+# A small Fashion-MNIST run config: NAME MODEL-YAML EXTRA-YAML
+config() {
+  cat >"$work/$1.yaml" <<YAML
+model: $2
+data: {name: idx, path: $data, train_samples: 2048, eval_samples: 512}
+optim: {name: adam, lr: 0.001}
+train: {epochs: 2, batch_size: 64, seed: 3}
+log: {every_steps: 8}
+$3
+YAML
+  echo "$work/$1.yaml"
+}
+digest() { "$gpurun" ckpt inspect "$1" --json 2>/dev/null | json 'd["model_digest"]'; }
+
+# --- 1. CUDA unit tests ------------------------------------------------------------------------
+if [ "$device" = cuda ]; then
+  if "$build_dir/tests/gpurun_unit_tests" --gtest_filter='*_CUDA' >"$logs/cuda-unit.log" 2>&1; then
+    row "1. CUDA unit tests" pass "$(grep -c '^\[       OK \]' "$logs/cuda-unit.log") passed"
+  else
+    row "1. CUDA unit tests" fail "$(grep '^\[  FAILED  \]' "$logs/cuda-unit.log" | head -3 | tr '\n' ' ')"
+  fi
+else
+  row "1. CUDA unit tests" skipped "no GPU (--device cpu)"
+fi
+
+# --- 2. the meter against torch.cuda.max_memory_allocated --------------------------------------
+if [ "$device" = cuda ]; then
+  ours=$("$build_dir/scripts/bench/gpurun_bench_meter" cuda 2>"$logs/meter.log" | tail -1)
+  theirs=$("$python" "$root/scripts/bench/meter_reference.py" 2>>"$logs/meter.log" | tail -1)
+  if [ -n "$ours" ] && [ -n "$theirs" ]; then
+    diff=$("$python" -c "print(abs($ours - $theirs) / $theirs)")
+    result=$("$python" -c "print('pass' if $diff <= 0.01 else 'fail')")
+    row "2. meter peak vs torch.cuda.max_memory_allocated" "$result" "$ours vs $theirs bytes ($(printf %.3f "$("$python" -c "print($diff*100)")")%)"
+  else
+    row "2. meter peak vs torch.cuda.max_memory_allocated" fail "see logs/meter.log"
+  fi
+else
+  row "2. meter peak vs torch.cuda.max_memory_allocated" skipped "no GPU (--device cpu)"
+fi
+
+# --- 3. fit under a memory limit, global batch kept --------------------------------------------
+# The CNN at batch 256: activations, which a smaller micro-batch shrinks, outweigh the weights
+# and optimizer state, which no plan shrinks (an MLP's would not fit at 60% with micro-batch 1).
+cfg=$(config fit "{name: cnn}" "")
+batch256=(--set train.batch_size=256 --set train.epochs=1)
+need=$("$gpurun" plan "$cfg" --device "$device" "${batch256[@]}" --json 2>"$logs/fit-plan.log" |
+  json 'd["measured_peak_bytes"]')
+if [ -n "$need" ]; then
+  limit=$(( need * 6 / 10 ))
+  if "$gpurun" "$cfg" --ckpt "$work/fit" --device "$device" --memory-limit "$limit" \
+       "${batch256[@]}" >"$logs/fit.log" 2>&1; then
+    verdict=$("$python" - "$work/fit/metrics.jsonl" "$limit" <<'PY'
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+plan = [e for e in events if e["event"] == "plan"][-1]
+peak = max(e["peak_bytes"] for e in events if e["event"] == "epoch")
+ok = peak <= int(sys.argv[2]) and plan["global_batch"] == 256 and \
+     plan["micro_batch"] * plan["accumulation_steps"] * plan["world_size"] == 256
+print("pass" if ok else "fail", f"limit {sys.argv[2]} B, epoch peak {peak} B, micro-batch "
+      f"{plan['micro_batch']} x accumulation {plan['accumulation_steps']}, checkpointing "
+      f"{plan['activation_checkpointing']}, global batch {plan['global_batch']}")
+PY
+)
+    row "3. --memory-limit 60% of the need" "${verdict%% *}" "${verdict#* }"
+  else
+    row "3. --memory-limit 60% of the need" fail "exit $?; see logs/fit.log"
+  fi
+else
+  row "3. --memory-limit 60% of the need" fail "gpurun plan failed; see logs/fit-plan.log"
+fi
+
+# --- 4. a real OOM in training, recovered by halving -------------------------------------------
+# After optimizer step 4 the trainer (GPURUN_FAULT=hog) takes the memory its limit leaves free,
+# less half of what a step adds, so that step 5's allocations fail for real in the allocator
+# (CUDA's caching allocator under its memory fraction, or gpurun's CPU allocator under
+# --memory-limit); the trainer must free what failed, halve the micro-batch and go on.
+# The same CNN: an OOM in the optimizer's update (weights, not activations) could not be
+# retried, since part of the parameters would already be updated.
+cfg=$(config oom "{name: cnn}" "")
+if [ -n "${need:-}" ]; then
+  GPURUN_FAULT="hog:after_step:4" "$gpurun" "$cfg" --ckpt "$work/oom" --device "$device" \
+    --memory-limit $(( need * 2 )) "${batch256[@]}" >"$logs/oom.log" 2>&1
+  code=$?
+  verdict=$("$python" - "$work/oom/metrics.jsonl" "$code" <<'PY'
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])] if sys.argv[2] == "0" else []
+plans = [e for e in events if e["event"] == "plan"]
+ok = len(plans) >= 2 and plans[-1]["micro_batch"] < plans[0]["micro_batch"] and \
+     plans[-1]["micro_batch"] * plans[-1]["accumulation_steps"] == plans[0]["global_batch"]
+print("pass" if ok else "fail", f"exit {sys.argv[2]}; micro-batch " +
+      " -> ".join(f"{p['micro_batch']} x {p['accumulation_steps']}" for p in plans) +
+      (f", global batch {plans[0]['global_batch']} kept" if ok else ""))
+PY
+)
+  row "4. real OOM in training, recovered" "${verdict%% *}" "${verdict#* }"
+else
+  row "4. real OOM in training, recovered" fail "no measured need from row 3"
+fi
+
+# --- 5. SIGKILL mid-epoch, resume, equal model_digest ------------------------------------------
+cfg=$(config resume "{name: cnn}" "checkpoint: {every_steps: 8}")
+"$gpurun" "$cfg" --ckpt "$work/whole" --device "$device" >"$logs/resume-whole.log" 2>&1
+GPURUN_FAULT=sigkill:after_step:21 "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" \
+  >"$logs/resume-killed.log" 2>&1
+killed=$?
+"$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" --resume >"$logs/resume-resumed.log" 2>&1
+a=$(digest "$work/whole") b=$(digest "$work/killed")
+if [ "$killed" -eq 137 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+  row "5. SIGKILL at step 21, resume" pass "model_digest $a = uninterrupted"
+else
+  row "5. SIGKILL at step 21, resume" fail "killed run exit $killed; digests ${a:-none} vs ${b:-none}"
+fi
+
+# --- 6. throughput against a plain PyTorch loop ------------------------------------------------
+if [ "$device" = cuda ]; then hidden="[4096, 4096, 4096]" batch=512 steps=200
+else hidden="[1024, 1024]" batch=128 steps=60; fi
+cfg=$(config speed "{name: mlp, hidden: $hidden}" "")
+"$gpurun" "$cfg" --ckpt "$work/speed" --device "$device" --set train.epochs=1 \
+  --set data.train_samples=$((batch * steps)) --set train.batch_size=$batch \
+  --set log.every_steps=10 >"$logs/speed.log" 2>&1
+ours=$("$python" - "$work/speed/metrics.jsonl" <<'PY'
+import json, sys, statistics
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"event":"step"' in l]
+print(statistics.median(e["samples_per_second"] for e in steps[1:]) if len(steps) > 1 else "")
+PY
+)
+theirs=$("$python" "$root/scripts/bench/plain_pytorch.py" --device "$device" --data "$data" \
+  --hidden "$hidden" --batch "$batch" --steps "$steps" 2>>"$logs/speed.log" | tail -1)
+if [ -n "$ours" ] && [ -n "$theirs" ]; then
+  row "6. samples/s, gpurun vs PyTorch loop" pass "$(printf '%.0f vs %.0f (ratio %.2f), MLP 784-%s, batch %s' "$ours" "$theirs" "$("$python" -c "print($ours/$theirs)")" "$(echo "$hidden" | tr -d '[] ' | tr , -)" "$batch")"
+else
+  row "6. samples/s, gpurun vs PyTorch loop" fail "see logs/speed.log"
+fi
+
+# --- 7. checkpoint stall against a synchronous save --------------------------------------------
+cfg=$(config stall "{name: mlp, hidden: [2048, 2048]}" "checkpoint: {every_steps: 4, keep_last: 2}")
+for mode in true false; do
+  "$gpurun" "$cfg" --ckpt "$work/stall-$mode" --device "$device" --set train.epochs=1 \
+    --set checkpoint.async=$mode >"$logs/stall-$mode.log" 2>&1
+done
+verdict=$("$python" - "$work" <<'PY'
+import json, statistics, sys
+def stalls(mode):
+    return [json.loads(l)["stall_seconds"] for l in open(f"{sys.argv[1]}/stall-{mode}/metrics.jsonl")
+            if '"event":"checkpoint"' in l]
+a, s = stalls("true"), stalls("false")
+if not a or not s:
+    print("fail no checkpoint events")
+else:
+    ra, rs = statistics.median(a), statistics.median(s)
+    print(f"pass async {ra * 1000:.1f} ms vs synchronous {rs * 1000:.1f} ms (ratio {ra / rs:.3f}, medians of {len(a)} and {len(s)})")
+PY
+)
+row "7. checkpoint stall, async vs synchronous" "${verdict%% *}" "${verdict#* }"
+
+# --- 8. NCCL -----------------------------------------------------------------------------------
+if [ "$device" = cuda ]; then
+  if "$build_dir/tests/gpurun_unit_tests" --gtest_filter='Collectives.Nccl*' >"$logs/nccl.log" 2>&1 &&
+     grep -q '^\[       OK \]' "$logs/nccl.log"; then
+    row "8a. NCCL, 1 rank" pass "all-reduce and broadcast through ProcessGroupNCCL"
+  else
+    row "8a. NCCL, 1 rank" fail "see logs/nccl.log"
+  fi
+  if [ "$gpus" -ge 2 ]; then
+    cfg=$(config nccl "{name: mlp, hidden: [256]}" "")
+    if "$gpurun" "$cfg" --ckpt "$work/nccl2" --device cuda --nproc-per-node 2 \
+         --set train.epochs=1 >"$logs/nccl2.log" 2>&1; then
+      row "8b. NCCL, 2 ranks" pass "digest $(digest "$work/nccl2")"
+    else
+      row "8b. NCCL, 2 ranks" fail "see logs/nccl2.log"
+    fi
+  else
+    row "8b. NCCL, 2 ranks" skipped "one GPU"
+  fi
+else
+  row "8. NCCL" skipped "no GPU (--device cpu)"
+fi
+
+row "total" "$([ $failures -eq 0 ] && echo pass || echo fail)" "$failures failed rows, $(elapsed)"
+[ "$failures" -eq 0 ]
