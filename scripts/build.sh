@@ -16,3 +16,8 @@ grep -E "^-- gpurun:" build/cmake.log || true
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done
 cmake --build build -j"$(nproc)" "${targets[@]}"
+# What the binary really loads: libtorch_cuda (CUDA build) and NCCL, or neither (CPU LibTorch).
+if [ -x build/runner/gpurun ]; then
+  linked=$(ldd build/runner/gpurun | awk '/libtorch_cuda|libnccl|libc10_cuda/ {printf "%s%s", sep, $1; sep=", "}')
+  echo "-- gpurun: build/runner/gpurun links ${linked:-no CUDA library} ($(build/runner/gpurun --version))"
+fi

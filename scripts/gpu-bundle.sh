@@ -20,7 +20,7 @@ packages=(
   libfmt-dev libfmt9
   libcxxopts-dev nlohmann-json3-dev
   libxxhash-dev libxxhash0
-  zlib1g-dev
+  zlib1g-dev zlib1g               # zlib1g: libz.so.1, which the -dev symlink points to
   libgtest-dev
   libgloo-dev                        # headers only: c10d's ProcessGroupGloo.hpp includes them
   dataset-fashion-mnist              # /usr/share/datasets/fashion-mnist/*.gz
@@ -30,11 +30,20 @@ LIMIT_BYTES=$((60 * 1024 * 1024))
 out=bundle
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/debs" "$out.tmp/sysroot"
-(cd "$out.tmp/debs" && apt-get download "${packages[@]}" >/dev/null)
+(cd "$out.tmp/debs" && apt-get download "${packages[@]}" >/dev/null 2>&1)
 for deb in "$out.tmp"/debs/*.deb; do
   dpkg-deb -x "$deb" "$out.tmp/sysroot"
   dpkg-deb -f "$deb" Package Version Installed-Size | tr '\n' ' ' >>"$out.tmp/MANIFEST"
   echo >>"$out.tmp/MANIFEST"
+done
+# Some -dev symlinks are absolute (libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13): point them
+# into the sysroot, where the same package set holds their target, not at the GPU machine's /.
+find "$out.tmp/sysroot" -type l | while read -r link; do
+  target=$(readlink "$link")
+  case "$target" in
+    /*) [ -e "$out.tmp/sysroot$target" ] &&
+          ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$out.tmp/sysroot$target")" "$link" ;;
+  esac
 done
 # Documentation is not needed to build; the .debs keep it for whoever wants it.
 rm -rf "$out.tmp/sysroot/usr/share/doc" "$out.tmp/sysroot/usr/share/man" \
