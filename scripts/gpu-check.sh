@@ -208,8 +208,9 @@ fi
 # --- 5. SIGKILL mid-epoch, resume, equal model_digest ------------------------------------------
 cfg=$(config resume "{name: cnn}" "checkpoint: {every_steps: 8}")
 "$gpurun" "$cfg" --ckpt "$work/whole" --device "$device" >"$logs/resume-whole.log" 2>&1
-GPURUN_FAULT=sigkill:after_step:21 "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" \
-  >"$logs/resume-killed.log" 2>&1
+# In a subshell, so that the shell does not print "Killed" for the expected SIGKILL.
+(GPURUN_FAULT=sigkill:after_step:21 exec "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" \
+  >"$logs/resume-killed.log" 2>&1)
 killed=$?
 "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" --resume >"$logs/resume-resumed.log" 2>&1
 a=$(digest "$work/whole") b=$(digest "$work/killed")
