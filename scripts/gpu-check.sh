@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --build-dir) build_dir=$2; shift 2 ;;
-    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,11 +43,9 @@ row() {  # row CHECK RESULT FIGURE
 }
 elapsed() { echo "$(( $(date +%s) - start_time )) s"; }
 
-# The Python that has torch: this machine's, else the one install-deps.sh set up.
-python=""
-for py in python3 "$(scripts/install-deps.sh --print-torch-python 2>/dev/null)"; do
-  [ -n "$py" ] && "$py" -c 'import torch' 2>/dev/null && { python=$py; break; }
-done
+# The Python whose torch gpurun builds against: the one install-deps.sh chooses (python3's
+# when it is >= 2.7, else the venv it set up); this part of it needs no apt and no network.
+python=$(scripts/install-deps.sh --print-torch-python 2>/dev/null || true)
 json() { "$python" -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1], {}, {"d": d}))' "$1"; }
 
 {
@@ -62,7 +60,7 @@ row "host" pass "$(uname -srm); $(ldd --version 2>&1 | head -1 | sed 's/.*) //;s
 libstdcxx=$(gcc -print-file-name=libstdc++.so.6 2>/dev/null)
 row "compiler" pass "$(gcc --version 2>/dev/null | head -1 | tr '|' '/'); libstdc++ $(strings "$libstdcxx" 2>/dev/null | grep -o 'GLIBCXX_3\.4\.[0-9]*' | sort -V | tail -1); cmake $(cmake --version | head -1 | awk '{print $3}')"
 if [ -z "$python" ]; then
-  row "pytorch" fail "no Python with torch"
+  row "pytorch" fail "no Python with torch >= 2.7 (scripts/install-deps.sh --print-torch-python)"
   exit 1
 fi
 row "pytorch" pass "$("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "devices", torch.cuda.device_count())')"
