@@ -3,6 +3,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -215,6 +217,32 @@ TEST(Retention, KeepLastTwoAfterFiveEpochsNeverLeavesNoCompleteCheckpoint) {
             (std::vector<std::string>{"ckpt-e0004-s0000016", "ckpt-e0005-s0000020"}));
   EXPECT_EQ(slurp(ckpt + "/LATEST"), "ckpt-e0005-s0000020\n");
   EXPECT_EQ(events(ckpt, "checkpoint").size(), 5u);
+}
+
+// The async writer builds a checkpoint's files from a host copy taken at the save step, while
+// training goes on: every save of an async run holds the weights of its own step, as the
+// same run's synchronous saves do.
+TEST(AsyncSave, EverySaveStepHasTheDigestOfTheSynchronousSave) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(240, 20, 2));
+  std::map<std::string, std::map<int64_t, std::string>> digests;  // mode -> step -> digest
+  for (const std::string mode : {"true", "false"}) {
+    const std::string ckpt = dir / ("ckpt-" + mode);
+    Result r = run_gpurun({config, "--ckpt", ckpt, "--set", "checkpoint.async=" + mode, "--set",
+                           "checkpoint.every_steps=5", "--set", "checkpoint.keep_last=100"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const auto& e : events(ckpt, "checkpoint")) {
+      const std::string path = e["path"].get<std::string>();
+      const auto manifest = nlohmann::json::parse(slurp(path + "/manifest.json"));
+      digests[mode][e["global_step"].get<int64_t>()] = manifest["model_digest"].get<std::string>();
+      EXPECT_TRUE(e.contains("build_seconds")) << e.dump();
+    }
+  }
+  ASSERT_GE(digests["true"].size(), 5u);  // every 5 steps and at both epoch ends of 12 steps
+  EXPECT_EQ(digests["true"], digests["false"]);
+  std::set<std::string> distinct;
+  for (const auto& [step, digest] : digests["true"]) distinct.insert(digest);
+  EXPECT_EQ(distinct.size(), digests["true"].size()) << "two saves hold the same weights";
 }
 
 TEST(Json, EveryJsonOutputIsExactlyOneObject) {

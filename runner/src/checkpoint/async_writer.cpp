@@ -22,24 +22,32 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-WriteOutcome CheckpointWriter::write(CheckpointSnapshot& snapshot) {
+WriteOutcome CheckpointWriter::write(CheckpointSnapshot& snapshot, const Builder& build) {
   WriteOutcome outcome;
-  outcome.meta = snapshot.meta;
   try {
+    if (build) {
+      const auto start = std::chrono::steady_clock::now();
+      build(snapshot);
+      outcome.build_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    outcome.meta = snapshot.meta;
     outcome.result = store_.save(snapshot);
   } catch (const IoError& e) {
+    outcome.meta = snapshot.meta;
     outcome.error = e.what();
     outcome.error_number = e.error_number();
   } catch (const std::exception& e) {
+    outcome.meta = snapshot.meta;
     outcome.error = e.what();
   }
   return outcome;
 }
 
-double CheckpointWriter::submit(CheckpointSnapshot snapshot) {
+double CheckpointWriter::submit(CheckpointSnapshot snapshot, Builder build) {
   const auto start = std::chrono::steady_clock::now();
   if (!async_) {
-    WriteOutcome outcome = write(snapshot);
+    WriteOutcome outcome = write(snapshot, build);
     std::lock_guard<std::mutex> lock(mutex_);
     const bool ok = outcome.result.has_value();
     done_.push_back(std::move(outcome));
@@ -51,6 +59,7 @@ double CheckpointWriter::submit(CheckpointSnapshot snapshot) {
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   pending_ = std::move(snapshot);
+  pending_build_ = std::move(build);
   changed_.notify_all();
   return waited;
 }
@@ -73,11 +82,13 @@ void CheckpointWriter::loop() {
     changed_.wait(lock, [&] { return pending_.has_value() || stopping_; });
     if (!pending_) return;  // stopping with nothing left to write
     CheckpointSnapshot snapshot = std::move(*pending_);
+    Builder build = std::move(pending_build_);
     pending_.reset();
+    pending_build_ = nullptr;
     writing_ = true;
     lock.unlock();
     const auto start = std::chrono::steady_clock::now();
-    WriteOutcome outcome = write(snapshot);
+    WriteOutcome outcome = write(snapshot, build);
     outcome.queued_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // Test hook, fired once the checkpoint (LATEST included) is complete on disk.

@@ -1,11 +1,13 @@
 // Asynchronous checkpoint writes: the trainer copies its state to host memory at a step
-// boundary (the stall) and a background thread writes it to the (possibly slow, network)
+// boundary (the stall) and a background thread builds the files from that copy (digest,
+// pickling, the optimizer's archive) and writes them to the (possibly slow, network)
 // checkpoint directory while training goes on. At most one write is in flight: a new save
 // first waits for the previous one, and that wait counts as stall.
 #pragma once
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -21,6 +23,7 @@ struct WriteOutcome {
   std::optional<SaveResult> result;  ///< set when the write succeeded
   std::string error;                 ///< what failed otherwise (IoError's message)
   int error_number = 0;              ///< its errno
+  double build_seconds = 0;          ///< the Builder's time (digest, pickling), before the write
   double queued_seconds = 0;         ///< from submit() to the end of the write
 };
 
@@ -32,9 +35,14 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  /// Hands `snapshot` to the writer, after waiting for a write in flight; returns the seconds
-  /// spent waiting for it.
-  double submit(CheckpointSnapshot snapshot);
+  /// Fills a snapshot's files (and meta fields computed from the state) on the writer
+  /// thread, before the write; what it throws is that write's failure.
+  using Builder = std::function<void(CheckpointSnapshot&)>;
+
+  /// Hands `snapshot` to the writer, after waiting for a write in flight; `build`, when
+  /// given, runs on the writer thread first (in submit() itself when not async). Returns the
+  /// seconds spent waiting for the write in flight.
+  double submit(CheckpointSnapshot snapshot, Builder build = {});
 
   /// Blocks until no write is in flight.
   void wait();
@@ -44,13 +52,14 @@ class CheckpointWriter {
 
  private:
   void loop();
-  WriteOutcome write(CheckpointSnapshot& snapshot);
+  WriteOutcome write(CheckpointSnapshot& snapshot, const Builder& build);
 
   CheckpointStore& store_;
   const bool async_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::optional<CheckpointSnapshot> pending_;
+  Builder pending_build_;
   bool writing_ = false, stopping_ = false;
   int64_t completed_ = 0;  ///< successful writes, for the after_save fault hook
   std::vector<WriteOutcome> done_;

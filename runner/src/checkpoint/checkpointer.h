@@ -27,6 +27,7 @@ class Optimizer;
 namespace gpurun {
 
 class Collectives;
+class HostStateCopy;
 class Lease;
 class Reporter;
 
@@ -73,9 +74,11 @@ class Checkpointer {
   bool saved(int64_t global_step) const { return last_saved_step_ == global_step; }
 
   /// Saves `model` and `optimizer` with `meta` (model digest, threads and CPU capability are
-  /// filled in): every rank passes its RNG state to rank 0, which copies the state to host
-  /// memory and hands it to the background writer. Collective with several ranks. Throws as
-  /// report_finished() does when the lease was lost or expired (nothing is saved).
+  /// filled in): every rank passes its RNG state to rank 0, which waits for the write in
+  /// flight, copies the state to host memory (HostStateCopy: the stall is that copy) and
+  /// hands the rest (digest, serialization, files) to the background writer. Collective with
+  /// several ranks. Throws as report_finished() does when the lease was lost or expired (nothing is
+  /// saved).
   void save(CheckpointMeta meta, const torch::nn::Module& model,
             torch::optim::Optimizer& optimizer);
 
@@ -99,6 +102,11 @@ class Checkpointer {
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
+  /// CheckpointStore::hold_commits(): no checkpoint becomes complete while the lock is held.
+  std::unique_lock<std::timed_mutex> hold_commits(double seconds) {
+    return store_.hold_commits(seconds);
+  }
+
   /// For messages: which steps up to `reached` (unknown: nullopt) no complete checkpoint
   /// holds and where the newest complete checkpoint is ("global step N is saved in PATH"
   /// when it holds `reached`).
@@ -113,6 +121,7 @@ class Checkpointer {
   const int rank_;
   CheckpointStore store_;
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
+  std::unique_ptr<HostStateCopy> copy_;  ///< read by the write in flight (before writer_)
   CheckpointWriter writer_;
   std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
   void check_lease() const;

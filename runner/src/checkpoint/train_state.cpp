@@ -1,6 +1,5 @@
 #include "checkpoint/train_state.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
 #include <caffe2/serialize/inline_container.h>
@@ -8,10 +7,10 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <sstream>
 
+#include "checkpoint/state_copy.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "util/rng.h"
@@ -88,30 +87,23 @@ NamedTensors process_rng_states(const c10::Device& device) {
   return states;
 }
 
-CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                 CheckpointMeta meta,
-                                 const std::vector<NamedTensors>& rank_rng_states) {
-  NamedTensors weights;
-  for (const auto& [name, tensor] : state_dict(model))
-    weights.emplace_back(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  std::ostringstream optim;
-  {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    archive.save_to(optim);
-  }
+NamedTensors trainer_rng_states(const torch::nn::Module& model,
+                                const std::vector<NamedTensors>& rank_rng_states) {
   NamedTensors trainer = process_rng_states(model_device(model));
   for (size_t r = 0; r < rank_rng_states.size(); ++r)
     for (const auto& [name, state] : rank_rng_states[r])
       trainer.emplace_back(rng_key(name, static_cast<int>(r) + 1), state);
-  meta.model_digest = model_digest(model);
-  meta.threads = at::get_num_threads();
-  meta.cpu_capability = cpu_capability();
+  return trainer;
+}
+
+CheckpointSnapshot capture_state(const torch::nn::Module& model,
+                                 const torch::optim::Optimizer& optimizer, CheckpointMeta meta,
+                                 const std::vector<NamedTensors>& rank_rng_states) {
+  HostStateCopy copy;
+  copy.copy(model, optimizer, trainer_rng_states(model, rank_rng_states));
   CheckpointSnapshot snapshot;
   snapshot.meta = std::move(meta);
-  snapshot.files.emplace_back("model.pt", pickle_tensors(weights));
-  snapshot.files.emplace_back("optim.pt", optim.str());
-  snapshot.files.emplace_back("trainer.pt", pickle_tensors(trainer));
+  copy.build(snapshot);
   return snapshot;
 }
 

@@ -33,12 +33,17 @@ c10::Device model_device(const torch::nn::Module& model);
 /// "cuda_rng_state" (that device's default generator: dropout on the GPU).
 NamedTensors process_rng_states(const c10::Device& device);
 
-/// Host copies of the model, optimizer and RNG state (process_rng_states() of the model's
-/// device), serialized into checkpoint files; `meta` gets the model digest, thread count and
-/// CPU capability filled in. In a distributed run `rank_rng_states` holds the other ranks'
-/// process_rng_states() (rank 1, 2, ...), stored in trainer.pt as "<name>.rank<R>".
-CheckpointSnapshot capture_state(const torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                 CheckpointMeta meta,
+/// What trainer.pt holds: process_rng_states() of `model`'s device and, in a distributed run,
+/// `rank_rng_states`, the other ranks' process_rng_states() (rank 1, 2, ...), as
+/// "<name>.rank<R>".
+NamedTensors trainer_rng_states(const torch::nn::Module& model,
+                                const std::vector<NamedTensors>& rank_rng_states = {});
+
+/// A checkpoint of `model`, `optimizer` and trainer_rng_states() in one call on this thread
+/// (HostStateCopy's copy() then build()); `meta` gets the model digest, thread count and CPU
+/// capability filled in. The memory probe and tests take it; the trainer's saves split it.
+CheckpointSnapshot capture_state(const torch::nn::Module& model,
+                                 const torch::optim::Optimizer& optimizer, CheckpointMeta meta,
                                  const std::vector<NamedTensors>& rank_rng_states = {});
 
 /// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so

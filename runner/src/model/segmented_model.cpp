@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 
 #include "model/activation_checkpointing.h"
+#include "model/state_digest.h"
 #include "util/hash.h"
 
 namespace gpurun {
@@ -56,9 +57,11 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
   return out;
 }
 
-std::string model_digest(const torch::nn::Module& model) {
+std::string model_digest(const torch::nn::Module& model) { return state_digest(state_dict(model)); }
+
+std::string state_digest(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
   Xxh3 h;
-  for (const auto& entry : state_dict(model)) {
+  for (const auto& entry : state) {
     torch::Tensor t = entry.second.detach().to(torch::kCPU).contiguous();
     h.update(t.data_ptr(), t.numel() * t.element_size());
   }

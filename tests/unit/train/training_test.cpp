@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -16,6 +17,7 @@
 #include "unit/norms.h"
 
 #include "builtin.h"
+#include "checkpoint/state_copy.h"
 #include "checkpoint/train_state.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
@@ -187,6 +189,51 @@ TEST(State, CaptureRestoreBringsBackWeightsOptimizerAndRng) {
   sgd2.step();
   EXPECT_EQ(model_digest(*model2), after_two);
   EXPECT_TRUE(torch::rand({4}).equal(noise)) << "the global RNG was not restored";
+}
+
+// A save's stall is only the copy: its files are built later, on the writer thread, while
+// training goes on. They must hold the state of the copy's step, not of a later one.
+TEST(State, FilesBuiltAfterTrainingWentOnHoldTheStateOfTheCopysStep) {
+  auto data = synthetic(64, 8, 3);
+  auto model = linear_model(8, 3);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  auto step = [&](auto& m, torch::optim::Optimizer& o) {
+    o.zero_grad();
+    accumulate_gradients(m, *data, at::arange(16, at::kLong), 16, at::kCPU);
+    o.step();
+  };
+  for (int i = 0; i < 2; ++i) step(*model, adam);
+  const CheckpointSnapshot reference = capture_state(*model, adam, {});
+  HostStateCopy copy;
+  copy.copy(*model, adam, trainer_rng_states(*model));
+  EXPECT_GT(copy.copied_bytes(), 0);
+  step(*model, adam);  // training goes on before the writer builds the files
+  const std::string after_three = model_digest(*model);
+  CheckpointSnapshot built;
+  copy.build(built);
+
+  EXPECT_EQ(built.meta.model_digest, reference.meta.model_digest);
+  EXPECT_NE(built.meta.model_digest, after_three);
+  ASSERT_EQ(built.files.size(), reference.files.size());
+  for (size_t i = 0; i < built.files.size(); ++i)
+    EXPECT_EQ(built.files[i].first, reference.files[i].first);
+  const NamedTensors built_weights = unpickle_tensors(built.files[0].second, "model.pt");
+  const NamedTensors reference_weights = unpickle_tensors(reference.files[0].second, "model.pt");
+  ASSERT_EQ(built_weights.size(), reference_weights.size());
+  for (size_t i = 0; i < built_weights.size(); ++i)
+    EXPECT_TRUE(built_weights[i].second.equal(reference_weights[i].second))
+        << built_weights[i].first;
+
+  // Restored into a fresh model and Adam, one more step gives the live run's third step:
+  // exp_avg, exp_avg_sq and the step count were those of step two.
+  auto model2 = linear_model(8, 3);
+  torch::optim::Adam adam2(model2->parameters(), torch::optim::AdamOptions(0.01));
+  LoadedCheckpoint loaded;
+  loaded.info.path = "memory";
+  loaded.files = built.files;
+  restore_state(loaded, *model2, adam2);
+  step(*model2, adam2);
+  EXPECT_EQ(model_digest(*model2), after_three);
 }
 
 // Case 4: 10 micro-batches per epoch, accumulation 4 -> windows 4, 4, 2; the last gradient is

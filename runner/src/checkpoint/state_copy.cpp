@@ -1,0 +1,181 @@
+#include "checkpoint/state_copy.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/output-archive.h>
+
+#include <functional>
+#include <optional>
+#include <sstream>
+
+#include "checkpoint/train_state.h"
+#include "gpurun/errors.h"
+#include "gpurun/model.h"
+#include "model/state_digest.h"
+
+namespace gpurun {
+
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamGroup;
+using torch::optim::OptimizerParamState;
+
+/// `buffer`, holding a copy of `live`: reused when it has live's shape and type, else
+/// allocated (pinned for a device's tensor, whose copy is then queued, non-blocking).
+at::Tensor copy_into(at::Tensor buffer, const at::Tensor& live, int64_t& bytes) {
+  if (!live.defined()) return {};
+  const at::Tensor source = live.detach();
+  const bool device = !source.is_cpu();
+  if (!buffer.defined() || buffer.sizes() != source.sizes() || buffer.dtype() != source.dtype())
+    buffer =
+        at::empty(source.sizes(),
+                  source.options().device(at::kCPU).pinned_memory(device).requires_grad(false));
+  buffer.copy_(source, /*non_blocking=*/device);
+  bytes += static_cast<int64_t>(source.nbytes());
+  return buffer;
+}
+
+void copy_param_state(const torch::optim::SGDParamState& live, torch::optim::SGDParamState& host,
+                      int64_t& bytes) {
+  host.momentum_buffer(copy_into(host.momentum_buffer(), live.momentum_buffer(), bytes));
+}
+
+template <class AdamState>
+void copy_adam_state(const AdamState& live, AdamState& host, int64_t& bytes) {
+  host.step(live.step());
+  host.exp_avg(copy_into(host.exp_avg(), live.exp_avg(), bytes));
+  host.exp_avg_sq(copy_into(host.exp_avg_sq(), live.exp_avg_sq(), bytes));
+  host.max_exp_avg_sq(copy_into(host.max_exp_avg_sq(), live.max_exp_avg_sq(), bytes));
+}
+void copy_param_state(const torch::optim::AdamParamState& live, torch::optim::AdamParamState& host,
+                      int64_t& bytes) {
+  copy_adam_state(live, host, bytes);
+}
+void copy_param_state(const torch::optim::AdamWParamState& live,
+                      torch::optim::AdamWParamState& host, int64_t& bytes) {
+  copy_adam_state(live, host, bytes);
+}
+
+}  // namespace
+
+/// An optimizer of the live one's type over placeholder parameters (the archive records a
+/// parameter by its position, never its values), holding host copies of the live state: its
+/// save() writes the archive the live optimizer's save() would.
+struct HostStateCopy::OptimizerCopy {
+  std::unique_ptr<Optimizer> host;
+  std::vector<std::vector<at::Tensor>> placeholders;  ///< per parameter group
+  /// Copies the live optimizer's options and per-parameter state into `host`.
+  std::function<void(const Optimizer& live, OptimizerCopy& copy, int64_t& bytes)> refresh;
+};
+
+namespace {
+
+template <class Opt, class Options, class State>
+std::unique_ptr<HostStateCopy::OptimizerCopy> optimizer_copy(const Optimizer& live) {
+  auto copy = std::make_unique<HostStateCopy::OptimizerCopy>();
+  std::vector<OptimizerParamGroup> groups;
+  for (const OptimizerParamGroup& group : live.param_groups()) {
+    std::vector<at::Tensor> placeholders;
+    for (size_t i = 0; i < group.params().size(); ++i) placeholders.push_back(at::empty({0}));
+    copy->placeholders.push_back(placeholders);
+    groups.emplace_back(placeholders, group.options().clone());
+  }
+  copy->host =
+      std::make_unique<Opt>(std::move(groups), static_cast<const Options&>(live.defaults()));
+  copy->refresh = [](const Optimizer& from, HostStateCopy::OptimizerCopy& to, int64_t& bytes) {
+    for (size_t g = 0; g < from.param_groups().size(); ++g) {
+      const OptimizerParamGroup& group = from.param_groups()[g];
+      // The learning rate changes every step (the schedule): the options of this step.
+      to.host->param_groups()[g].set_options(group.options().clone());
+      for (size_t i = 0; i < group.params().size(); ++i) {
+        void* key = to.placeholders[g][i].unsafeGetTensorImpl();
+        auto live_state = from.state().find(group.params()[i].unsafeGetTensorImpl());
+        if (live_state == from.state().end()) {
+          to.host->state().erase(key);  // no step taken for it yet
+          continue;
+        }
+        auto& slot = to.host->state()[key];
+        if (!slot) slot = std::make_unique<State>();
+        copy_param_state(static_cast<const State&>(*live_state->second), static_cast<State&>(*slot),
+                         bytes);
+      }
+    }
+  };
+  return copy;
+}
+
+std::unique_ptr<HostStateCopy::OptimizerCopy> make_optimizer_copy(const Optimizer& live) {
+  namespace optim = torch::optim;
+  if (dynamic_cast<const optim::AdamW*>(&live))
+    return optimizer_copy<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState>(live);
+  if (dynamic_cast<const optim::Adam*>(&live))
+    return optimizer_copy<optim::Adam, optim::AdamOptions, optim::AdamParamState>(live);
+  if (dynamic_cast<const optim::SGD*>(&live))
+    return optimizer_copy<optim::SGD, optim::SGDOptions, optim::SGDParamState>(live);
+  throw ConfigError("checkpoints can copy the state of SGD, Adam and AdamW only");
+}
+
+bool same_shape(const HostStateCopy::OptimizerCopy& copy, const Optimizer& live) {
+  if (copy.placeholders.size() != live.param_groups().size()) return false;
+  for (size_t g = 0; g < copy.placeholders.size(); ++g)
+    if (copy.placeholders[g].size() != live.param_groups()[g].params().size()) return false;
+  return true;
+}
+
+}  // namespace
+
+HostStateCopy::HostStateCopy() = default;
+HostStateCopy::~HostStateCopy() = default;
+
+void HostStateCopy::copy(const torch::nn::Module& model, const Optimizer& optimizer,
+                         NamedTensors rng_states) {
+  copied_bytes_ = 0;
+  const NamedTensors live = state_dict(model);
+  weights_.resize(live.size());
+  std::optional<c10::Device> device;
+  for (size_t i = 0; i < live.size(); ++i) {
+    weights_[i].first = live[i].first;
+    weights_[i].second = copy_into(weights_[i].second, live[i].second, copied_bytes_);
+    if (!device && !live[i].second.is_cpu()) device = live[i].second.device();
+  }
+  if (!optimizer_ || !same_shape(*optimizer_, optimizer))
+    optimizer_ = make_optimizer_copy(optimizer);
+  optimizer_->refresh(optimizer, *optimizer_, copied_bytes_);
+  rng_ = std::move(rng_states);
+  threads_ = at::get_num_threads();  // OpenMP's thread count is per thread: the trainer's
+  on_device_ = device.has_value();
+  if (device) {
+    if (!copied_ || copied_->device_type() != device->type())
+      copied_ = std::make_unique<c10::Event>(device->type());
+    copied_->record(at::accelerator::getCurrentStream(device->index()));
+  }
+}
+
+void HostStateCopy::build(CheckpointSnapshot& snapshot) {
+  if (on_device_) copied_->synchronize();
+  snapshot.meta.model_digest = state_digest(weights_);
+  snapshot.meta.threads = threads_;
+  snapshot.meta.cpu_capability = cpu_capability();
+  std::ostringstream optim;
+  {
+    torch::serialize::OutputArchive archive;
+    optimizer_->host->save(archive);
+    archive.save_to(optim);
+  }
+  snapshot.files.clear();
+  snapshot.files.emplace_back("model.pt", pickle_tensors(weights_));
+  snapshot.files.emplace_back("optim.pt", optim.str());
+  snapshot.files.emplace_back("trainer.pt", pickle_tensors(rng_));
+  rng_.clear();
+  if (!on_device_) {
+    // A CPU run's buffers are its device memory: they go, as the plan expects.
+    weights_.clear();
+    optimizer_.reset();
+  }
+}
+
+}  // namespace gpurun

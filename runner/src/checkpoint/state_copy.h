@@ -1,0 +1,63 @@
+// The two halves of a checkpoint save. On the training thread, copy(): every tensor of the
+// state (the model's state_dict, the optimizer's per-parameter state, the random generators) is
+// copied into host buffers, and nothing else is done: that copy is the training stall. On the
+// writer thread, build(): the model digest, the pickled model.pt and trainer.pt, and the
+// optimizer's archive (optim.pt), from those buffers alone, so that training may change the
+// live state meanwhile (docs/architecture.md, "Checkpoint saves").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/core/Event.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "checkpoint/store.h"
+
+namespace gpurun {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+class HostStateCopy {
+ public:
+  HostStateCopy();
+  ~HostStateCopy();
+  HostStateCopy(const HostStateCopy&) = delete;
+  HostStateCopy& operator=(const HostStateCopy&) = delete;
+
+  /// Copies `model`'s state_dict, `optimizer`'s state and `rng_states` (already host tensors:
+  /// process_rng_states() and the other ranks' ones, named as in trainer.pt) into host buffers.
+  /// Buffers for a device's tensors are pinned and reused from save to save; the copies are
+  /// queued on the device's current stream, so training goes on at once and its next kernels
+  /// run after them (build() waits for them). CPU tensors are copied into fresh buffers, which
+  /// build() releases: host memory is the CPU run's device memory, which the plan fitted
+  /// without them. Must not be called while a build() of the previous copy is running.
+  /// Throws ConfigError for an optimizer other than SGD, Adam and AdamW.
+  void copy(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+            NamedTensors rng_states);
+
+  /// Fills `snapshot`'s files (model.pt, optim.pt, trainer.pt) and meta.model_digest,
+  /// meta.threads and meta.cpu_capability from the last copy(). Any thread.
+  void build(CheckpointSnapshot& snapshot);
+
+  /// Bytes of tensor data the last copy() copied.
+  int64_t copied_bytes() const { return copied_bytes_; }
+
+ /// The optimizer's copy (state_copy.cpp): public so that its helpers there can name it.
+  struct OptimizerCopy;
+
+ private:
+  NamedTensors weights_;  ///< state_dict order
+  NamedTensors rng_;
+  std::unique_ptr<OptimizerCopy> optimizer_;
+  std::unique_ptr<c10::Event> copied_;  ///< recorded after a device's copies; null on the CPU
+  bool on_device_ = false;
+  int threads_ = 0;  ///< at::get_num_threads() of the training thread at copy()
+  int64_t copied_bytes_ = 0;
+};
+
+}  // namespace gpurun
