@@ -483,7 +483,10 @@ int64_t CheckpointStore::write_folder(const std::string& name, const CheckpointS
       spdlog::warn("replacing {}, which does not verify", final_path);
       delete_folder(dir_, name);
     }
-    fs::rename_durable(tmp, final_path);
+    {
+      const std::lock_guard<std::timed_mutex> commit(commit_mutex_);
+      fs::rename_durable(tmp, final_path);
+    }
     return bytes;
   } catch (...) {
     try {
@@ -602,6 +605,12 @@ LoadedCheckpoint CheckpointStore::load(const std::string& path) {
   if (!info.complete) throw ResumeError("checkpoint " + path + " does not verify: " + info.problem);
   CheckpointMeta meta = meta_from_manifest(info.manifest);
   return LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
+}
+
+std::unique_lock<std::timed_mutex> CheckpointStore::hold_commits(double seconds) {
+  std::unique_lock<std::timed_mutex> lock(commit_mutex_, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::duration<double>(seconds));
+  return lock;
 }
 
 void CheckpointStore::clean_temporaries() {

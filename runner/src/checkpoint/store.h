@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -200,6 +201,11 @@ class CheckpointStore {
   /// Removes leftover .tmp-* folders (from a writer killed mid-save).
   void clean_temporaries();
 
+  /// Keeps save() from making a checkpoint complete (its final rename) while the returned
+  /// lock is held, waiting at most `seconds` for a rename in progress; check owns_lock().
+  /// What a stop records as saved then stays true until the process exits.
+  std::unique_lock<std::timed_mutex> hold_commits(double seconds);
+
  private:
   /// Writes the folder `name` of `snapshot` with the manifest's `files` table, unless a
   /// complete checkpoint of that name is there already (then kept, and its bytes returned).
@@ -212,6 +218,7 @@ class CheckpointStore {
 
   std::string dir_;
   int64_t keep_last_;
+  std::timed_mutex commit_mutex_;  ///< held around the rename that completes a checkpoint
   CheckpointView view_;
   int64_t saves_ = 0;  ///< saves started, for the test-only fault points (faults.h)
 };

@@ -32,6 +32,9 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                      const Registry& registry, int local_rank) {
   Session s;
   s.device = select_device(device, local_rank);
+  if (local_rank == 0)
+    spdlog::info("device {}{}", s.device.str(),
+                 device == "auto" && s.device.is_cpu() ? " (--device auto: no CUDA device)" : "");
   set_determinism(s.device, config.train.deterministic);
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));

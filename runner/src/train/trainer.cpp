@@ -203,7 +203,11 @@ class Trainer {
     const int64_t step = reached_step_.load();
     std::string newest;
     int64_t newest_step = -1;
+    // Held until the process exits: a write in flight cannot complete after the directory is
+    // read, so what the message says is saved stays true.
+    std::unique_lock<std::timed_mutex> no_commits;
     if (rank_ == 0) {
+      no_commits = checkpointer_.hold_commits(2.0);
       try {
         // Sizes against the manifests, no checksums: quick, and these are this run's own.
         const std::vector<CheckpointInfo> infos = CheckpointView(options_.ckpt_dir).list(false);
@@ -218,6 +222,9 @@ class Trainer {
     std::string saved;
     if (rank_ != 0)
       saved = "rank 0 names the newest complete checkpoint";
+    else if (newest.empty() && !no_commits.owns_lock())
+      saved = "a checkpoint was being completed: `gpurun ckpt list " + options_.ckpt_dir +
+              "` shows whether it is";
     else if (newest.empty())
       saved =
           "nothing of this run is saved: there is no complete checkpoint in " + options_.ckpt_dir;
