@@ -47,7 +47,7 @@ class HostStateCopy {
   /// Bytes of tensor data the last copy() copied.
   int64_t copied_bytes() const { return copied_bytes_; }
 
- /// The optimizer's copy (state_copy.cpp): public so that its helpers there can name it.
+  /// The optimizer's copy (state_copy.cpp): public so that its helpers there can name it.
   struct OptimizerCopy;
 
  private:
