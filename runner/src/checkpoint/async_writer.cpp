@@ -31,16 +31,14 @@ WriteOutcome CheckpointWriter::write(CheckpointSnapshot& snapshot, const Builder
       outcome.build_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    outcome.meta = snapshot.meta;
     outcome.result = store_.save(snapshot);
   } catch (const IoError& e) {
-    outcome.meta = snapshot.meta;
     outcome.error = e.what();
     outcome.error_number = e.error_number();
   } catch (const std::exception& e) {
-    outcome.meta = snapshot.meta;
     outcome.error = e.what();
   }
+  outcome.meta = snapshot.meta;  // as the build left it, whether or not the write succeeded
   return outcome;
 }
 

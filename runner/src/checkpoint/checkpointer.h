@@ -77,8 +77,8 @@ class Checkpointer {
   /// filled in): every rank passes its RNG state to rank 0, which waits for the write in
   /// flight, copies the state to host memory (HostStateCopy: the stall is that copy) and
   /// hands the rest (digest, serialization, files) to the background writer. Collective with
-  /// several ranks. Throws as report_finished() does when the lease was lost or expired (nothing is
-  /// saved).
+  /// several ranks. Throws as report_finished() does when the lease was lost or expired
+  /// (nothing is saved).
   void save(CheckpointMeta meta, const torch::nn::Module& model,
             torch::optim::Optimizer& optimizer);
 

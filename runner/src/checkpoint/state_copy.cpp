@@ -7,7 +7,6 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/output-archive.h>
 
-#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -44,20 +43,13 @@ void copy_param_state(const torch::optim::SGDParamState& live, torch::optim::SGD
   host.momentum_buffer(copy_into(host.momentum_buffer(), live.momentum_buffer(), bytes));
 }
 
+/// Adam's and AdamW's state (the SGD overload above is the better match for SGD's).
 template <class AdamState>
-void copy_adam_state(const AdamState& live, AdamState& host, int64_t& bytes) {
+void copy_param_state(const AdamState& live, AdamState& host, int64_t& bytes) {
   host.step(live.step());
   host.exp_avg(copy_into(host.exp_avg(), live.exp_avg(), bytes));
   host.exp_avg_sq(copy_into(host.exp_avg_sq(), live.exp_avg_sq(), bytes));
   host.max_exp_avg_sq(copy_into(host.max_exp_avg_sq(), live.max_exp_avg_sq(), bytes));
-}
-void copy_param_state(const torch::optim::AdamParamState& live, torch::optim::AdamParamState& host,
-                      int64_t& bytes) {
-  copy_adam_state(live, host, bytes);
-}
-void copy_param_state(const torch::optim::AdamWParamState& live,
-                      torch::optim::AdamWParamState& host, int64_t& bytes) {
-  copy_adam_state(live, host, bytes);
 }
 
 }  // namespace
@@ -69,7 +61,7 @@ struct HostStateCopy::OptimizerCopy {
   std::unique_ptr<Optimizer> host;
   std::vector<std::vector<at::Tensor>> placeholders;  ///< per parameter group
   /// Copies the live optimizer's options and per-parameter state into `host`.
-  std::function<void(const Optimizer& live, OptimizerCopy& copy, int64_t& bytes)> refresh;
+  void (*refresh)(const Optimizer& live, OptimizerCopy& copy, int64_t& bytes) = nullptr;
 };
 
 namespace {

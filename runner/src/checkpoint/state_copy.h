@@ -17,10 +17,9 @@
 #include <torch/optim/optimizer.h>
 
 #include "checkpoint/store.h"
+#include "checkpoint/train_state.h"  // NamedTensors
 
 namespace gpurun {
-
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 class HostStateCopy {
  public:
