@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -46,35 +47,6 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 bool is_plain_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
-}
-
-// Size and xxh3 of a file read in 1 MiB chunks (verification need not hold a whole file in
-// memory); size -1 when the file does not exist.
-std::pair<int64_t, std::string> hash_file(const std::string& path) {
-  return fs::with_retries([&] {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return std::make_pair(int64_t{-1}, std::string());
-      throw IoError("open", path, errno);
-    }
-    Xxh3 hash;
-    int64_t size = 0;
-    std::vector<char> buf(1 << 20);
-    for (;;) {
-      const ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n < 0) {
-        const int err = errno;
-        ::close(fd);
-        throw IoError("read", path, err);
-      }
-      if (n == 0) break;
-      hash.update(buf.data(), static_cast<size_t>(n));
-      size += n;
-    }
-    ::close(fd);
-    return std::make_pair(size, hash.hex());
-  });
 }
 
 std::string utc_now_iso8601() {
@@ -183,7 +155,7 @@ std::string check_file(const std::string& path, const std::string& name, const j
     if (check == Check::kSizes) {
       size = status.size;
     } else if (!keep) {
-      std::tie(size, got) = hash_file(file_path);
+      std::tie(size, got) = xxh3_file(file_path);
     } else {
       data = fs::read_file(file_path);
       size = static_cast<int64_t>(data.size());
@@ -426,17 +398,76 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
   const json files = hash_files(snapshot.files);
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t attempt = ++saves_;
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
+  return commit(
+      name, files, {"before_rename", "before_latest", ++saves_}, [&](const std::string& tmp) {
+        int64_t bytes = 0;
+        for (const auto& [file_name, data] : snapshot.files) {
+          fs::write_file(join(tmp, file_name), data);
+          bytes += static_cast<int64_t>(data.size());
+        }
+        fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
+        return bytes;
+      });
+}
+
+SaveResult CheckpointStore::copy_from(const std::string& folder) {
+  CheckpointInfo source;
+  source.path = folder;
+  source.name = stdfs::path(folder).lexically_normal().filename().string();
+  const std::string problem = read_manifest(folder, ReadErrors::kThrow, source);
+  if (!problem.empty() || !is_checkpoint_folder_name(source.name)) {
+    throw ResumeError("checkpoint " + folder + " cannot be copied: " +
+                      (problem.empty() ? "not a checkpoint folder name" : problem));
+  }
+  const json& files = source.manifest.at("files");
+  // The manifest travels unchanged: both tiers then describe the same checkpoint, byte for byte.
+  const std::string manifest_text = fs::read_file(join(folder, kManifest));
+  return commit(
+      source.name, files, {"copy_before_rename", "copy_before_latest", ++copies_},
+      [&](const std::string& tmp) {
+        int64_t bytes = 0;
+        for (const auto& [file_name, entry] : files.items()) {
+          const auto want_bytes = entry.find("bytes");
+          const auto want_xxh3 = entry.find("xxh3");
+          if (!is_plain_name(file_name) || file_name == kManifest || !entry.is_object() ||
+              want_bytes == entry.end() || !want_bytes->is_number_integer() ||
+              want_xxh3 == entry.end() || !want_xxh3->is_string()) {
+            throw ResumeError("checkpoint " + folder +
+                              " cannot be copied: manifest.json: bad entry for " + file_name);
+          }
+          // Checked as the bytes pass, so the copy reads the source once and never spreads a
+          // file damaged since it was written.
+          std::optional<Xxh3> hash;
+          const int64_t n = fs::with_retries([&] {
+            hash.emplace();
+            return fs::copy_file(join(folder, file_name), join(tmp, file_name),
+                                 [&](const char* data, size_t size) { hash->update(data, size); });
+          });
+          if (n != want_bytes->get<int64_t>() || hash->hex() != want_xxh3->get<std::string>()) {
+            throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
+                              " does not match its manifest (" + std::to_string(n) +
+                              " bytes, xxh3 " + hash->hex() + ")");
+          }
+          bytes += n;
+        }
+        fs::write_file(join(tmp, kManifest), manifest_text);
+        return bytes;
+      });
+}
+
+SaveResult CheckpointStore::commit(const std::string& name, const json& files,
+                                   const FaultPoints& faults,
+                                   const std::function<int64_t(const std::string&)>& fill) {
+  const auto start = std::chrono::steady_clock::now();
   SaveResult result;
   result.path = join(dir_, name);
   fs::make_dirs(dir_);
-  result.bytes = write_folder(name, snapshot, files, attempt);
+  result.bytes = write_folder(name, files, faults, fill);
 
   // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
   // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.
-  fault_point("before_latest", attempt);
+  fault_point(faults.before_latest, faults.attempt);
   fs::replace_file(join(dir_, kLatest), name + "\n");
   result.write_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -444,8 +475,9 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
   return result;
 }
 
-int64_t CheckpointStore::write_folder(const std::string& name, const CheckpointSnapshot& snapshot,
-                                      const json& files, int64_t attempt) {
+int64_t CheckpointStore::write_folder(const std::string& name, const json& files,
+                                      const FaultPoints& faults,
+                                      const std::function<int64_t(const std::string&)>& fill) {
   const std::string final_path = join(dir_, name);
   // The same name exists when a resumed run saves the step it resumed from. A complete
   // checkpoint is never overwritten: that step's state is already safe on disk, and replacing
@@ -456,12 +488,12 @@ int64_t CheckpointStore::write_folder(const std::string& name, const CheckpointS
         examine(final_path, Check::kChecksums, ReadErrors::kThrow, nullptr);
     if (existing.complete) {
       if (existing.manifest.at("files") == files) {
-        spdlog::info("checkpoint {} already exists with the same files; keeping it", name);
+        spdlog::info("checkpoint {} already exists with the same files; keeping it", final_path);
       } else {
         spdlog::warn(
             "checkpoint {} already exists and verifies but holds other bytes; keeping "
             "the existing one (a complete checkpoint is never overwritten)",
-            name);
+            final_path);
       }
       return existing.bytes;
     }
@@ -471,14 +503,9 @@ int64_t CheckpointStore::write_folder(const std::string& name, const CheckpointS
   try {
     fs::remove_all(tmp);  // left by an earlier process that had the same pid
     fs::make_dirs(tmp);
-    int64_t bytes = 0;
-    for (const auto& [file_name, data] : snapshot.files) {
-      fs::write_file(join(tmp, file_name), data);
-      bytes += static_cast<int64_t>(data.size());
-    }
-    fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
+    const int64_t bytes = fill(tmp);
     fs::sync_dir(tmp);
-    fault_point("before_rename", attempt);
+    fault_point(faults.before_rename, faults.attempt);
     if (fs::exists(final_path)) {
       spdlog::warn("replacing {}, which does not verify", final_path);
       delete_folder(dir_, name);
@@ -516,10 +543,11 @@ std::vector<std::string> CheckpointStore::apply_retention(const std::string& jus
     }
     for (const CheckpointInfo* info : doomed) {
       if (info->name == just_written) continue;
+      if (retention_guard_ && retention_guard_(info->name)) continue;  // being copied
       try {
         delete_folder(dir_, info->name);
         removed.push_back(info->name);
-        spdlog::info("retention: removed {}{}", info->name,
+        spdlog::info("retention: removed {}{}", info->path,
                      info->complete ? "" : " (incomplete: " + info->problem + ")");
       } catch (const std::exception& e) {
         spdlog::warn("retention: could not remove {}: {}", info->name, e.what());

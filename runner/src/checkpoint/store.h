@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -183,6 +184,20 @@ class CheckpointStore {
   /// complete checkpoint and LATEST as they were.
   SaveResult save(const CheckpointSnapshot& snapshot);
 
+  /// Copies the checkpoint folder `folder` of another tier (checkpoint.local_dir) into DIR
+  /// with the protocol of save(): every file is streamed into a temporary folder and checked
+  /// against the source's manifest as it passes, manifest.json is copied unchanged, then the
+  /// fsyncs, the rename, LATEST and retention. A complete checkpoint of that name in DIR is
+  /// kept. Throws IoError when DIR (or the source) cannot be written (read), ResumeError when
+  /// the source does not match its manifest; DIR's complete checkpoints stay as they were.
+  SaveResult copy_from(const std::string& folder);
+
+  /// Retention never removes a checkpoint for which `keep(name)` is true (the one a copy to
+  /// the network tier is reading). Called before the first save; `keep` must be thread-safe.
+  void set_retention_guard(std::function<bool(const std::string& name)> keep) {
+    retention_guard_ = std::move(keep);
+  }
+
   /// view().list(verify).
   std::vector<CheckpointInfo> list(bool verify) const { return view_.list(verify); }
 
@@ -207,11 +222,21 @@ class CheckpointStore {
   std::unique_lock<std::timed_mutex> hold_commits(double seconds);
 
  private:
-  /// Writes the folder `name` of `snapshot` with the manifest's `files` table, unless a
-  /// complete checkpoint of that name is there already (then kept, and its bytes returned).
-  /// Returns the bytes on disk.
-  int64_t write_folder(const std::string& name, const CheckpointSnapshot& snapshot,
-                       const nlohmann::json& files, int64_t attempt);
+  /// The test-only fault points (faults.h) of one save or copy, and its number.
+  struct FaultPoints {
+    const char* before_rename;
+    const char* before_latest;
+    int64_t attempt;
+  };
+  using Fill = std::function<int64_t(const std::string& tmp)>;
+  /// write_folder(), then LATEST and retention.
+  SaveResult commit(const std::string& name, const nlohmann::json& files, const FaultPoints& faults,
+                    const Fill& fill);
+  /// Makes DIR/name complete: `fill` writes every file, manifest.json last, into a temporary
+  /// folder and returns the data bytes; then the folder's fsync and the rename. A complete
+  /// checkpoint of that name is kept instead (its bytes returned). Returns the bytes on disk.
+  int64_t write_folder(const std::string& name, const nlohmann::json& files,
+                       const FaultPoints& faults, const Fill& fill);
   /// Deletes the complete checkpoints beyond keep_last and the incomplete ones older than the
   /// newest complete one, never `just_written`; logs failures. Returns the names removed.
   std::vector<std::string> apply_retention(const std::string& just_written);
@@ -220,7 +245,9 @@ class CheckpointStore {
   int64_t keep_last_;
   std::timed_mutex commit_mutex_;  ///< held around the rename that completes a checkpoint
   CheckpointView view_;
-  int64_t saves_ = 0;  ///< saves started, for the test-only fault points (faults.h)
+  int64_t saves_ = 0;   ///< saves started, for the test-only fault points (faults.h)
+  int64_t copies_ = 0;  ///< copy_from() calls started, likewise
+  std::function<bool(const std::string&)> retention_guard_;
 };
 
 CheckpointMeta meta_from_manifest(const nlohmann::json& manifest);

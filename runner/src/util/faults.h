@@ -9,7 +9,9 @@
 //     POINT   after_step (N = optimizer steps completed) | after_save (N = saves completed
 //             by this process) | before_rename (N = saves started by this process; fires
 //             after every file of the checkpoint is written, before the folder is renamed) |
-//             before_latest (same N; after the rename, before LATEST is replaced)
+//             before_latest (same N; after the rename, before LATEST is replaced) |
+//             copy_before_rename, copy_before_latest (the same two moments of the copy of a
+//             checkpoint from checkpoint.local_dir to --ckpt; N = copies started)
 //     N       a count, or * for every occurrence
 //
 // Faults fire only in processes whose GPURUN_RESTART_COUNT is listed in GPURUN_FAULT_RESTART

@@ -7,7 +7,9 @@
 // exponential backoff, each retry logged with the path and errno.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,16 @@ void replace_file(const std::string& path, const std::string& data);
 
 /// Appends `line` plus '\n' to `path` in a single write(2). Throws IoError.
 void append_line(const std::string& path, const std::string& line);
+
+/// Sees each chunk of a copy as it passes: a checksum, a progress bar.
+using ChunkObserver = std::function<void(const char* data, size_t bytes)>;
+
+/// Copies `from` to `to` (created or truncated) with 8 MiB sequential reads and writes, then
+/// fsyncs `to`; `observe`, when given, sees every chunk in order. Returns the bytes copied.
+/// Not retried (an observer would see bytes twice): callers retry the whole copy with a
+/// fresh observer. Throws IoError.
+int64_t copy_file(const std::string& from, const std::string& to,
+                  const ChunkObserver& observe = {});
 
 /// The whole file. Throws IoError (errno ENOENT when it does not exist).
 std::string read_file(const std::string& path);

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace gpurun {
 
@@ -24,5 +25,10 @@ class Xxh3 {
 
 /// XXH3-64 of one byte string, as 16 lowercase hex digits.
 std::string xxh3_hex(const std::string& data);
+
+/// Size and xxh3 (16 hex digits) of the file `path`, read in 1 MiB chunks, so that verifying a
+/// file never holds all of it in memory; size -1 (and "") when it does not exist. Transient
+/// errors are retried (fs::with_retries); others throw IoError.
+std::pair<int64_t, std::string> xxh3_file(const std::string& path);
 
 }  // namespace gpurun

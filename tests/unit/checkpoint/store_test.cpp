@@ -517,6 +517,53 @@ TEST_F(CheckpointDir, CkptErrorsMapToTheirExitCodes) {
   EXPECT_THROW(run("inspect", true, &out), gpurun::ResumeError);  // nothing to inspect
 }
 
+TEST_F(CheckpointDir, CopyFromAnotherTierKeepsTheManifestAndItsOwnRetention) {
+  CheckpointStore local(root_ + "/local", 5);
+  CheckpointStore network(dir_, 2);
+  for (int step = 1; step <= 3; ++step) {
+    const gpurun::SaveResult saved = local.save(make_snapshot(0, step, 1 << 20));
+    const gpurun::SaveResult copied = network.copy_from(saved.path);
+    EXPECT_EQ(copied.path, path(gpurun::checkpoint_name(0, step)));
+    EXPECT_EQ(copied.bytes, saved.bytes);
+    EXPECT_EQ(gpurun::fs::read_file(copied.path + "/manifest.json"),
+              gpurun::fs::read_file(saved.path + "/manifest.json"));
+  }
+  EXPECT_EQ(entries(),
+            (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000002", "ckpt-e0000-s0000003"}));
+  EXPECT_EQ(latest(), "ckpt-e0000-s0000003\n");
+  EXPECT_EQ(local.list(false).size(), 3u);
+  const auto loaded = network.load_latest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->files, make_snapshot(0, 3, 1 << 20).files);
+}
+
+TEST_F(CheckpointDir, CopyOfASourceDamagedSinceItWasWrittenIsRefusedAndLeavesNothing) {
+  CheckpointStore local(root_ + "/local", 5);
+  CheckpointStore network(dir_, 2);
+  network.copy_from(local.save(make_snapshot(0, 1)).path);
+  const gpurun::SaveResult second = local.save(make_snapshot(0, 2));
+  flip_byte(second.path + "/model.pt", 100);
+  try {
+    network.copy_from(second.path);
+    FAIL() << "a damaged source was copied";
+  } catch (const gpurun::ResumeError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt does not match its manifest"), std::string::npos)
+        << e.what();
+  }
+  // No temporary left, the previous copy and LATEST untouched.
+  EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000001"}));
+  EXPECT_EQ(latest(), "ckpt-e0000-s0000001\n");
+  EXPECT_THROW(network.copy_from(root_ + "/local/no-such-folder"), gpurun::ResumeError);
+}
+
+TEST_F(CheckpointDir, RetentionSparesTheCheckpointItsGuardKeeps) {
+  CheckpointStore store(dir_, 1);
+  store.set_retention_guard([](const std::string& name) { return name == "ckpt-e0000-s0000001"; });
+  save_steps(store, 3);
+  EXPECT_EQ(entries(),
+            (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000001", "ckpt-e0000-s0000003"}));
+}
+
 TEST(CheckpointName, ParsesWhatCheckpointNameWrites) {
   const auto parsed = gpurun::parse_checkpoint_name(gpurun::checkpoint_name(3, 450));
   ASSERT_TRUE(parsed.has_value());
