@@ -3,8 +3,10 @@
 // stop (defect 5), the progress line on a terminal, the checkpoint a Ctrl-C wrote and the
 // final loss in status.json (rough edge 12).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -231,6 +233,27 @@ TEST(Progress, ACtrlCNamesItsCheckpointAndAFinishedStatusHoldsTheFinalLoss) {
   const nlohmann::json status = status_json(dir / "sparse");
   EXPECT_EQ(status.value("global_step", -1), 24);
   EXPECT_DOUBLE_EQ(status.value("loss", -1.0), steps.back()["loss"].get<double>());
+}
+
+// The run directory's writes are a background thread's: a metrics.jsonl that blocks every write
+// for good (a FIFO nobody reads: open(2) for writing never returns, as on a hung NFS mount)
+// neither stalls training nor keeps the run from ending, and the checkpoints elsewhere are
+// complete.
+TEST(RunDirectory, AHungMetricsFileNeitherStallsTrainingNorKeepsTheRunFromEnding) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 2));
+  const std::string run_dir = dir / "run";
+  ASSERT_EQ(::mkdir(run_dir.c_str(), 0755), 0);
+  ASSERT_EQ(::mkfifo((run_dir + "/metrics.jsonl").c_str(), 0644), 0);
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--run-dir", run_dir}, {}, 120);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_TRUE(contains(r.err, "did not take the run's last records")) << r.err;
+  EXPECT_TRUE(contains(r.err, "finished: 2 epochs")) << r.err;
+  EXPECT_EQ(inspect(dir / "ckpt").value("global_step", 0), 60);
 }
 
 }  // namespace

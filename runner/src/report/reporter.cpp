@@ -1,5 +1,7 @@
 #include "report/reporter.h"
 
+#include "report/file_writer.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -104,7 +106,8 @@ Reporter::Reporter(std::string run_dir, bool enabled, int rank)
       enabled_(enabled),
       heartbeat_path_(heartbeat_path(run_dir_, rank)),
       // Under the supervisor stderr is a pipe to a terminal the supervisor holds.
-      tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr) {
+      tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr),
+      files_(std::make_unique<BackgroundFileWriter>()) {
   fs::make_dirs(run_dir_);
   status_["pid"] = static_cast<int64_t>(getpid());
   status_["host"] = host_name();
@@ -120,11 +123,15 @@ Reporter::Reporter(std::string run_dir, bool enabled, int rank)
 
 Reporter::~Reporter() {
   flush_heartbeat();
+  // end_run() waited already when there was an end to record.
+  files_->flush(ended_ ? 0.5 : 5);
   for (auto& sink : spdlog::default_logger()->sinks())
     if (auto wrapped = std::dynamic_pointer_cast<AroundProgressSink>(sink))
       for (const auto& original : original_sinks_)
         if (wrapped->inner() == original) sink = original;
 }
+
+bool Reporter::flush(double seconds) { return files_->flush(seconds); }
 
 void Reporter::event(const std::string& name, nlohmann::json fields) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -132,15 +139,9 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   if (!enabled_) return;
   nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
   line.update(fields);
-  try {
-    fs::append_line(run_dir_ + "/metrics.jsonl", line.dump());
-  } catch (const IoError& e) {
-    // Like status.json: a full or read-only disk must not stop training over its log; the
-    // checkpoints on it report their own failures (checkpoint.max_failures).
-    if (!metrics_failed_)
-      spdlog::warn("could not append to metrics.jsonl: {}; training goes on", e.what());
-    metrics_failed_ = true;
-  }
+  // A full, read-only or hung disk must not stop training over its log (the writer warns);
+  // the checkpoints on it report their own failures (checkpoint.max_failures).
+  files_->append_line(run_dir_ + "/metrics.jsonl", line.dump());
 }
 
 void Reporter::status(const nlohmann::json& fields, bool force) {
@@ -150,12 +151,7 @@ void Reporter::status(const nlohmann::json& fields, bool force) {
   if (!enabled_ || (!force && now - last_status_ < std::chrono::seconds(10))) return;
   last_status_ = now;
   status_["updated"] = unix_seconds();
-  try {
-    fs::replace_file(run_dir_ + "/status.json", status_.dump(2) + "\n");
-  } catch (const IoError& e) {
-    // status.json is for watchers; a full or flaky disk must not stop training over it.
-    spdlog::warn("could not update status.json: {}", e.what());
-  }
+  files_->replace_file(run_dir_ + "/status.json", status_.dump(2) + "\n");
 }
 
 bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& status_fields) {
@@ -164,6 +160,9 @@ bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& 
   ended_ = true;
   event("done", done_fields);
   status(status_fields, true);
+  flush_heartbeat();
+  if (!files_->flush(5))
+    spdlog::warn("the run directory {} did not take the run's last records within 5 s", run_dir_);
   return true;
 }
 
@@ -200,14 +199,7 @@ void Reporter::write_heartbeat() {
   written_step_ = heartbeat_step_;
   // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
   // read_heartbeat_step() reports as -1.
-  const std::string text = "step " + std::to_string(heartbeat_step_) + "\n";
-  int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd >= 0) {
-    const ssize_t ignored = ::write(fd, text.data(), text.size());
-    (void)ignored;
-    ::futimens(fd, nullptr);
-    ::close(fd);
-  }
+  files_->overwrite(heartbeat_path_, "step " + std::to_string(heartbeat_step_) + "\n");
 }
 
 std::string heartbeat_path(const std::string& run_dir, int rank) {

@@ -2,7 +2,8 @@
 // metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
 // periodic lines when stderr is a file. On a terminal, every log line clears the progress
-// line first and draws it again after, so that the screen never keeps a stale one.
+// line first and draws it again after, so that the screen never keeps a stale one. The files
+// are written by a background thread (file_writer.h): slow storage never stalls training.
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,7 @@ class sink;
 
 namespace gpurun {
 
+class BackgroundFileWriter;
 class ProgressLine;
 
 /// Thread-safe: a stop that cannot wait for the training thread records itself from another
@@ -47,6 +49,7 @@ class Reporter {
   /// The end of the run: the `done` event with `done_fields`, then status.json with
   /// `status_fields` merged, written at once. Only the first call writes (false for the
   /// others), so that the training thread and an immediate stop never record two ends.
+  /// Waits (at most 5 s) until both are written: the process may exit at once after it.
   bool end_run(const nlohmann::json& done_fields, const nlohmann::json& status_fields);
 
   /// Shows "epoch 2/5  step 340/1170  loss 0.4123  812 samples/s  ETA 3m12s"; on a terminal
@@ -61,6 +64,10 @@ class Reporter {
   /// Writes the last step given to heartbeat() when the file does not hold it yet.
   void flush_heartbeat();
 
+  /// Waits until every file write asked for so far is done, at most `seconds`; false on
+  /// timeout (the storage is slow or hung).
+  bool flush(double seconds);
+
   /// Erases an in-place progress line for good (until the next progress()): before the run's
   /// last words, so that no progress line is drawn after them.
   void end_progress();
@@ -74,11 +81,11 @@ class Reporter {
   int64_t heartbeat_step_ = -1;  ///< the last step given to heartbeat(), -1 before the first
   int64_t written_step_ = -1;    ///< the step the heartbeat file holds, -1 when none written
   bool tty_;
-  bool metrics_failed_ = false;  ///< warned once about an unwritable metrics.jsonl
-  bool ended_ = false;           ///< end_run() wrote the done event
+  bool ended_ = false;  ///< end_run() wrote the done event
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
   std::recursive_mutex mutex_;  ///< everything above; recursive for end_run's event + status
+  std::unique_ptr<BackgroundFileWriter> files_;  ///< writes every file of the run directory
   std::shared_ptr<ProgressLine> line_;  ///< the terminal's progress line; null off a terminal
   /// The logger's sinks before they were wrapped, restored by the destructor.
   std::vector<std::shared_ptr<spdlog::sinks::sink>> original_sinks_;

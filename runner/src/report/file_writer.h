@@ -1,0 +1,40 @@
+// The run directory's writes (metrics.jsonl, status.json, heartbeat files) from a background
+// thread, so that slow or hung storage under the run directory (an NFS mount that stopped
+// answering) never stalls training. Appends keep their order; a replaced file and a heartbeat
+// keep only their newest content while they wait. When the storage falls more than 10 s
+// behind, one warning says so, and one more when it caught up; a write that fails is warned
+// about once per file, and training goes on.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace gpurun {
+
+class BackgroundFileWriter {
+ public:
+  BackgroundFileWriter();
+  /// Lets the thread write what is queued and end; call flush() first to wait for it. A thread
+  /// stuck in a hung file system is left behind: the process exits without it.
+  ~BackgroundFileWriter();
+  BackgroundFileWriter(const BackgroundFileWriter&) = delete;
+  BackgroundFileWriter& operator=(const BackgroundFileWriter&) = delete;
+
+  /// fs::append_line(path, line), in the order of the calls.
+  void append_line(const std::string& path, const std::string& line);
+  /// fs::replace_file(path, data) with the newest data given for `path` by then.
+  void replace_file(const std::string& path, const std::string& data);
+  /// Truncates and writes `path` without fsync (a heartbeat: cheap, a torn read is tolerated),
+  /// with the newest data given for it by then.
+  void overwrite(const std::string& path, const std::string& data);
+
+  /// Waits until everything queued so far is written, at most `seconds`; false on timeout.
+  bool flush(double seconds);
+
+ private:
+  struct Shared;
+  static void loop(std::shared_ptr<Shared> shared);
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace gpurun
