@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <optional>
 #include <sstream>
@@ -28,29 +29,49 @@ void print_json(const json& j, std::ostream& out) {
   out << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
-int list(const CheckpointView& view, bool as_json, std::ostream& out) {
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
-  const LatestFile latest = view.latest();
-  if (as_json) {
-    json rows = json::array();
-    for (const auto& info : infos) {
-      rows.push_back({{"name", info.name},
-                      {"path", info.path},
-                      {"epoch", info.epoch},
-                      {"global_step", info.global_step},
-                      {"bytes", info.bytes},
-                      {"complete", info.complete},
-                      {"problem", info.problem},
-                      {"latest", latest.names(info.name)}});
-    }
-    const bool has_latest = latest.state == LatestFile::State::kPresent;
-    print_json({{"dir", view.dir()},
-                {"checkpoints", rows},
-                {"latest", has_latest ? json(latest.name) : json(nullptr)},
-                {"newest_complete", or_null(CheckpointView::newest_complete(infos))}},
-               out);
-    return kExitOk;
+// The local tier (checkpoint.local_dir) of the run that writes DIR, when this machine has it:
+// named by the newest manifest, or by DIR/status.json while no checkpoint reached DIR yet.
+std::string local_tier_of(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
+  std::string tier;
+  for (auto it = infos.rbegin(); it != infos.rend() && tier.empty(); ++it) {
+    const json& m = it->manifest;
+    if (m.is_object() && m.contains("extra") && m["extra"].is_object() &&
+        m["extra"].contains("local_tier") && m["extra"]["local_tier"].is_string())
+      tier = m["extra"]["local_tier"].get<std::string>();
   }
+  if (tier.empty()) {
+    std::ifstream in(view.dir() + "/status.json");
+    const json status = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (status.is_object() && status.contains("local_tier") && status["local_tier"].is_string())
+      tier = status["local_tier"].get<std::string>();
+  }
+  std::error_code ec;
+  return !tier.empty() && stdfs::is_directory(tier, ec) ? tier : "";
+}
+
+json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
+  const LatestFile latest = view.latest();
+  json rows = json::array();
+  for (const auto& info : infos) {
+    rows.push_back({{"name", info.name},
+                    {"path", info.path},
+                    {"epoch", info.epoch},
+                    {"global_step", info.global_step},
+                    {"bytes", info.bytes},
+                    {"complete", info.complete},
+                    {"problem", info.problem},
+                    {"latest", latest.names(info.name)}});
+  }
+  const bool has_latest = latest.state == LatestFile::State::kPresent;
+  return {{"dir", view.dir()},
+          {"checkpoints", rows},
+          {"latest", has_latest ? json(latest.name) : json(nullptr)},
+          {"newest_complete", or_null(CheckpointView::newest_complete(infos))}};
+}
+
+void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& infos,
+               std::ostream& out) {
+  const LatestFile latest = view.latest();
   std::vector<std::string> names;
   size_t width = 4;
   for (const auto& info : infos) {
@@ -77,6 +98,31 @@ int list(const CheckpointView& view, bool as_json, std::ostream& out) {
     out << latest.describe() << ", which is not here\n";
   } else if (latest.state != LatestFile::State::kPresent && !infos.empty()) {
     out << latest.describe() << "\n";
+  }
+}
+
+// DIR's checkpoints, then those of its local tier when this machine holds one (each tier
+// keeps its own; `local_tier` in the JSON).
+int list(const CheckpointView& view, bool as_json, std::ostream& out) {
+  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
+  const std::string tier = local_tier_of(view, infos);
+  std::optional<CheckpointView> local;
+  std::vector<CheckpointInfo> local_infos;
+  if (!tier.empty()) {
+    local.emplace(tier);
+    local_infos = local->list(/*verify=*/false);
+  }
+  if (as_json) {
+    json j = list_json(view, infos);
+    j["local_tier"] = local ? list_json(*local, local_infos) : json(nullptr);
+    print_json(j, out);
+    return kExitOk;
+  }
+  if (local) out << "network tier " << view.dir() << ":\n";
+  list_text(view, infos, out);
+  if (local) {
+    out << "\nlocal tier " << local->dir() << ":\n";
+    list_text(*local, local_infos, out);
   }
   return kExitOk;
 }

@@ -120,6 +120,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   result["breakdown"] = estimate.to_json();
   result["eta_seconds"] = eta;
   result["total_steps"] = steps;
+  if (!session.data_stage.empty()) result["data_stage"] = session.data_stage;
   result["cards"] = nlohmann::json::array();
   for (const auto& [name, bytes] : common_cards())
     result["cards"].push_back(card_verdict(name, bytes, config, micro, plain,
@@ -157,7 +158,17 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   std::snprintf(line, sizeof line,
                 "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
                 plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
-  out << line << "\ncommon cards (predicted):\n";
+  out << line;
+  for (const auto& staged : session.data_stage) {
+    std::snprintf(line, sizeof line, "data staged     %s: %s, %lld files; %s copied in %.2f s\n",
+                  staged["copy"].get<std::string>().c_str(),
+                  format_bytes(staged["bytes"].get<int64_t>()).c_str(),
+                  static_cast<long long>(staged["files"].get<int64_t>()),
+                  format_bytes(staged["copied_bytes"].get<int64_t>()).c_str(),
+                  staged["seconds"].get<double>());
+    out << line;
+  }
+  out << "\ncommon cards (predicted):\n";
   for (const auto& card : result["cards"]) {
     std::snprintf(line, sizeof line, "  %-34s %s\n", card["card"].get<std::string>().c_str(),
                   card["fits"].get<std::string>().c_str());

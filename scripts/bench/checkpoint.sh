@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checkpoint bench, side by side in one run, on a state of about 420 MiB (MLP 784-4096-4096-4096
 # with Adam): the training stall of an asynchronous save against a synchronous save and against
-# a plain memcpy of the same bytes, and gpurun's write throughput against `dd conv=fsync` of the
-# same size into the same directory. Usage: scripts/bench/checkpoint.sh [DIR]
+# a plain memcpy of the same bytes, the stall with a local tier in front of a slow network tier
+# against the stall without, and gpurun's write throughput against `dd conv=fsync` of the same
+# size into the same directory. Usage: scripts/bench/checkpoint.sh [DIR]
 # DIR: where checkpoints go (default: a temporary directory; point it at the NAS to measure it).
 # Needs a build (scripts/build.sh).
 set -euo pipefail
@@ -24,6 +25,9 @@ YAML
 for mode in true false; do
   build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-$mode" --set checkpoint.async=$mode 2>/dev/null
 done
+# A local tier in front of a slow network tier: 2 s of injected latency in every copy to --ckpt.
+GPURUN_FAULT=sleep2000:copy_before_rename:* build/runner/gpurun "$work/run.yaml" \
+  --ckpt "$work/async-tiered" --set checkpoint.local_dir="$work/local" 2>/dev/null
 one=$(ls -d "$work"/async-true/ckpt-* | tail -1)
 bytes=$(cat "$one"/*.pt | wc -c)
 dd_line=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)
@@ -34,10 +38,12 @@ import numpy as np
 work, nbytes, dd_line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def saves(mode):
     return [json.loads(l) for l in open(f"{work}/async-{mode}/metrics.jsonl") if '"event":"checkpoint"' in l]
-a, s = saves("true"), saves("false")
+a, s, t = saves("true"), saves("false"), saves("tiered")
 # The first async save allocates the copy's bookkeeping; medians over all saves.
 stall_async = statistics.median(e["stall_seconds"] for e in a)
 stall_sync = statistics.median(e["stall_seconds"] for e in s)  # build and write included
+stall_tiered = statistics.median(e["stall_seconds"] for e in t)
+copies = sum(1 for l in open(f"{work}/async-tiered/metrics.jsonl") if '"event":"checkpoint_copied"' in l)
 build = statistics.median(e["build_seconds"] for e in a)
 size = statistics.median(e["bytes"] for e in a)
 write = statistics.median(e["write_seconds"] for e in a)
@@ -61,6 +67,8 @@ print(f"memcpy of {nbytes / 2**20:.0f} MiB            : {memcpy_fresh * 1000:8.1
 print(f"ratio stall async/sync        : {stall_async / stall_sync:.3f}   (goal <= 0.05)")
 print(f"ratio stall/memcpy (fresh)    : {stall_async / memcpy_fresh:.2f}   (goal <= 2)")
 print(f"ratio stall/memcpy (warm)     : {stall_async / memcpy_warm:.2f}")
+print(f"stall, local tier + slow net: {stall_tiered * 1000:8.1f} ms (median; {len(t)} saves, {copies} copied to --ckpt)")
+print(f"ratio stall slow-net/without: {stall_tiered / stall_async:.2f}   (goal <= 1.1)")
 print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (fsync of every file and folder)")
 if dd_bytes_per_s:
     print(f"dd conv=fsync throughput      : {dd_bytes_per_s / 2**20:8.1f} MiB/s")

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -182,6 +183,75 @@ TEST(CharLm, KillAndResumeGivesTheUninterruptedDigestAndSamplingChangesNothing) 
   Result resumed = run_gpurun(resume);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(inspect(dir / "ckpt").value("model_digest", ""), expected);
+}
+
+// data.stage_dir (issue 11): the data set copied from "network storage" to a local disk,
+// verified, reused while unchanged, copied again when the source or the copy changes.
+TEST(DataStage, ACopyIsReusedWhileUnchangedAndCopiedAgainWhenItsSourceOrItselfChanges) {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const std::string src = dir / "nas-data", stage = dir / "stage";
+  fs::create_directories(src);
+  int64_t total = 0;
+  for (const auto& e : fs::directory_iterator("/usr/share/datasets/fashion-mnist")) {
+    fs::copy_file(e.path(), src + "/" + e.path().filename().string());
+    total += static_cast<int64_t>(e.file_size());
+  }
+  const std::string config = write_config(dir, small_config(600, 40, 1));
+  const std::vector<std::string> sets{"data.path=" + src, "data.stage_dir=" + stage};
+  const auto staged = [&](const std::string& run) {
+    Result r = run_gpurun(with_sets({config, "--ckpt", dir / run}, sets));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "staged data.path " + src)) << r.err;
+    const auto plan = events(dir / run, "plan");
+    EXPECT_EQ(plan.size(), 1u);
+    return plan.empty() ? nlohmann::json() : plan.back()["data_stage"][0];
+  };
+  Result reference = run_gpurun({config, "--ckpt", dir / "reference", "--set", "data.path=" + src});
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const std::string digest = inspect(dir / "reference").value("model_digest", "");
+
+  const nlohmann::json first = staged("first");
+  EXPECT_EQ(first["files"], 4);
+  EXPECT_EQ(first["bytes"], total);
+  EXPECT_EQ(first["copied_files"], 4);
+  EXPECT_EQ(first["copied_bytes"], total);
+  const std::string copy = first.value("copy", "");
+  ASSERT_EQ(copy.rfind(stage, 0), 0u) << copy;
+  for (const auto& e : fs::directory_iterator(src))
+    EXPECT_EQ(slurp(copy + "/" + e.path().filename().string()), slurp(e.path().string()));
+  EXPECT_EQ(inspect(dir / "first").value("model_digest", ""), digest);
+
+  EXPECT_EQ(staged("second")["copied_files"], 0);
+
+  // The source changes: the same labels, compressed again (other bytes, the same data).
+  const std::string labels = src + "/train-labels-idx1-ubyte.gz";
+  Result regz = run_program({"/bin/sh", "-c",
+                             "gzip -dc '" + labels + "' | gzip -1 -n > '" + labels +
+                                 ".new' && mv '" + labels + ".new' '" + labels + "'"});
+  ASSERT_EQ(regz.exit_code, 0) << regz.err;
+  const nlohmann::json third = staged("third");
+  EXPECT_EQ(third["copied_files"], 1);
+  EXPECT_EQ(third["copied_bytes"], static_cast<int64_t>(fs::file_size(labels)));
+  EXPECT_EQ(slurp(copy + "/train-labels-idx1-ubyte.gz"), slurp(labels));
+  EXPECT_EQ(inspect(dir / "third").value("model_digest", ""), digest);
+
+  // The local copy is damaged: found by its xxh3 and copied again.
+  {
+    std::fstream f(copy + "/t10k-labels-idx1-ubyte.gz",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char c = static_cast<char>(f.get());
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  EXPECT_EQ(staged("fourth")["copied_files"], 1);
+  EXPECT_EQ(slurp(copy + "/t10k-labels-idx1-ubyte.gz"), slurp(src + "/t10k-labels-idx1-ubyte.gz"));
+
+  // `gpurun plan` shows what staging did.
+  Result plan = run_gpurun(with_sets({"plan", config}, sets));
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_TRUE(contains(plan.out, "data staged     " + copy)) << plan.out;
 }
 
 }  // namespace

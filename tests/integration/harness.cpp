@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -156,6 +158,44 @@ bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::
     sleep_for(0.005);
   }
   return false;
+}
+
+bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds) {
+  namespace fs = std::filesystem;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    if (fs::exists(dir, ec)) {
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().filename().string().rfind(".tmp-ckpt", 0) == 0) return true;
+    }
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    sleep_for(0.005);
+  }
+  return false;
+}
+
+Tmpfs::Tmpfs(const std::string& size, bool read_only) {
+  const std::string opts = "size=" + size;
+  ok_ = mount("tmpfs", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, opts.c_str()) == 0;
+}
+
+Tmpfs::~Tmpfs() {
+  if (ok_) umount2(dir_.path().c_str(), MNT_DETACH);
+}
+
+bool Tmpfs::remount_read_only() {
+  for (int i = 0; i < 2000; ++i) {
+    if (mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0)
+      return true;
+    if (errno != EBUSY) return false;
+    usleep(5000);
+  }
+  return false;
+}
+
+bool Tmpfs::remount_writable() {
+  return mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT, nullptr) == 0;
 }
 
 }  // namespace gpurun::test

@@ -76,4 +76,29 @@ void sleep_for(double seconds);
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds = 120);
 
+/// Waits until `dir` holds a .tmp-ckpt folder (a checkpoint being written or copied there);
+/// false when `pid` exits or `seconds` pass first.
+bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds);
+
+/// A tmpfs of `size` mounted at a fresh directory (tests run as root); unmounted by the
+/// destructor. ok() is false where mount(2) is not permitted: the test then skips.
+class Tmpfs {
+ public:
+  Tmpfs(const std::string& size, bool read_only);
+  ~Tmpfs();
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& path() const { return dir_.path(); }
+  /// Makes the mounted file system read-only under a running gpurun; false when it stays
+  /// writable. A remount is refused (EBUSY) while a file is open for writing, so it retries.
+  bool remount_read_only();
+  /// Makes it writable again; false when that fails.
+  bool remount_writable();
+
+ private:
+  TempDir dir_;
+  bool ok_ = false;
+};
+
 }  // namespace gpurun::test

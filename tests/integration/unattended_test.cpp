@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,51 +28,6 @@ bool has_temporaries(const std::string& dir) {
     if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
   return false;
 }
-
-/// Waits until `dir` holds a .tmp- checkpoint folder (a write in flight); false on timeout.
-bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::error_code ec;
-    if (fs::exists(dir, ec)) {
-      for (const auto& e : fs::directory_iterator(dir, ec))
-        if (e.path().filename().string().rfind(".tmp-ckpt", 0) == 0) return true;
-    }
-    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
-    sleep_for(0.005);
-  }
-  return false;
-}
-
-/// A tmpfs of `size` mounted at a fresh directory; unmounted by the destructor.
-class Tmpfs {
- public:
-  Tmpfs(const std::string& size, bool read_only) {
-    const std::string opts = "size=" + size;
-    ok_ =
-        mount("tmpfs", dir_.path().c_str(), "tmpfs", read_only ? MS_RDONLY : 0, opts.c_str()) == 0;
-  }
-  ~Tmpfs() {
-    if (ok_) umount2(dir_.path().c_str(), MNT_DETACH);
-  }
-  bool ok() const { return ok_; }
-  const std::string& path() const { return dir_.path(); }
-  /// Makes the mounted file system read-only under a running gpurun; false when it stays
-  /// writable. A remount is refused (EBUSY) while a file is open for writing, so it retries.
-  bool remount_read_only() {
-    for (int i = 0; i < 2000; ++i) {
-      if (mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0)
-        return true;
-      if (errno != EBUSY) return false;
-      usleep(5000);
-    }
-    return false;
-  }
-
- private:
-  TempDir dir_;
-  bool ok_ = false;
-};
 
 TEST(Signals, SigtermAtRandomMomentsExits75InTimeAndResumesToTheSameDigest) {
   TempDir dir;
@@ -344,6 +301,44 @@ TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
   Result old = wait_gpurun(holder, dir / "holder");
   EXPECT_EQ(old.exit_code, 2) << old.err;
   EXPECT_NE(old.err.find("took it with --force"), std::string::npos) << old.err;
+}
+
+// checkpoint.every_minutes: auto. A tiny MTBF makes the interval short enough to be seen: it
+// starts from the assumed 1 s save cost, then follows the measured stalls.
+TEST(CheckpointInterval, AutoSavesAtTheYoungDalyIntervalOfTheMeasuredStallAndTheMtbf) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2400, 40, 1));
+  const double mtbf_hours = 0.0001;  // 0.36 s
+  const Env slow{{"GPURUN_FAULT", "sleep30:after_step:*"}};
+  Result r = run_gpurun(with_sets({config, "--ckpt", dir / "ckpt"},
+                                  {"checkpoint.every_minutes=auto",
+                                   "checkpoint.mtbf_hours=" + std::to_string(mtbf_hours)}),
+                        slow);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "checkpoint.every_minutes auto: a save every")) << r.err;
+  EXPECT_TRUE(contains(r.err, "assumed until a save is measured")) << r.err;
+
+  const auto chosen = events(dir / "ckpt", "checkpoint_interval");
+  ASSERT_GE(chosen.size(), 2u) << r.err;
+  const double mtbf = mtbf_hours * 3600;
+  EXPECT_EQ(chosen.front()["measured_saves"], 0);
+  EXPECT_NEAR(chosen.front()["seconds"].get<double>(), std::sqrt(2 * 1.0 * mtbf), 1e-9);
+  // Re-chosen from what the saves measured: the median stall so far (never below 1 ms), and
+  // never under twice the background write.
+  const auto saves = events(dir / "ckpt", "checkpoint");
+  const auto& next = chosen[1];
+  const int64_t measured = next["measured_saves"].get<int64_t>();
+  ASSERT_GE(measured, 1);
+  ASSERT_GE(saves.size(), static_cast<size_t>(measured));
+  std::vector<double> stalls;
+  for (int64_t i = 0; i < measured; ++i) stalls.push_back(saves[i]["stall_seconds"].get<double>());
+  std::sort(stalls.begin(), stalls.end());
+  const double cost = std::max(stalls[stalls.size() / 2], 1e-3);
+  EXPECT_NEAR(next["save_cost_seconds"].get<double>(), cost, 1e-9);
+  const double write = next["write_seconds"].get<double>();
+  EXPECT_NEAR(next["seconds"].get<double>(), std::max(std::sqrt(2 * cost * mtbf), 2 * write), 1e-9);
+  // Time-based saves happened: more than the one at the end of the epoch.
+  EXPECT_GE(saves.size(), 3u) << r.err;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct DataConfig {
   std::vector<int64_t> shape{1, 28, 28};  ///< synthetic: shape of one sample
   int64_t classes = 10;                   ///< synthetic: number of classes
   int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
+  /// A local disk that path and eval_path are copied to before training, and read from
+  /// (train/data_stage.h); relative paths resolve against the run.yaml's directory. "": off.
+  std::string stage_dir;
 };
 
 struct OptimConfig {
@@ -94,14 +98,25 @@ struct SampleConfig {
   int64_t seed = 0;        ///< seed of the sampling generator (separate from training's)
 };
 
+/// checkpoint.every_minutes: auto, held as a NaN (every other value is a number >= 0).
+inline constexpr double kAutoInterval = std::numeric_limits<double>::quiet_NaN();
+
 struct CheckpointConfig {
   int64_t every_steps = 0;    ///< also save every N optimizer steps; 0: only per epoch
-  double every_minutes = 0;   ///< also save every N minutes; 0: off
+  /// Also save every N minutes; 0: off; kAutoInterval (`auto`): the Young/Daly interval from
+  /// the measured save cost and mtbf_hours (checkpoint/interval.h).
+  double every_minutes = 0;
+  double mtbf_hours = 6;      ///< mean time between failures (reclaims) that `auto` assumes
   int64_t keep_last = 3;      ///< complete checkpoints kept; the newest is never deleted
   double grace_seconds = 25;  ///< time a signal leaves us to save and exit
   double lease_timeout = 60;  ///< seconds after which a silent lease is stale
   bool async = true;          ///< write in a background thread while training goes on
   int64_t max_failures = 3;   ///< failed saves in a row before the run stops (exit 1)
+  /// A local disk in front of --ckpt (network storage): every save is complete there first and
+  /// copied to --ckpt in the background (docs/architecture.md, "Checkpoint tiers"). Relative
+  /// paths resolve against the run.yaml's directory (config_path()). "": off.
+  std::string local_dir;
+  int64_t local_keep_last = 2;  ///< complete checkpoints kept in the local tier
 };
 
 /// How gpurun fits the run to the device's memory (memory_plan.h).

@@ -2,22 +2,63 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/interval.h"
 #include "checkpoint/lease.h"
 #include "checkpoint/state_copy.h"
+#include "checkpoint/tier_copy.h"
 #include "checkpoint/train_state.h"
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
+#include "util/hash.h"
 
 namespace gpurun {
+namespace {
+namespace stdfs = std::filesystem;
+
+// The newest complete checkpoint's step by the manifests' sizes (no checksums), -1: none.
+int64_t newest_step(const CheckpointStore& store) {
+  const std::vector<CheckpointInfo> infos = store.list(/*verify=*/false);
+  const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
+  return newest ? newest->global_step : -1;
+}
+
+// Whether `store` holds a complete checkpoint of `global_step` or later; false when it cannot
+// be read.
+bool holds(const CheckpointStore& store, int64_t global_step) {
+  try {
+    return newest_step(store) >= global_step;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::string folder_name(const std::string& path) {
+  return stdfs::path(path).lexically_normal().filename().string();
+}
+}  // namespace
+
+std::string Checkpointer::local_tier_dir(const RunConfig& config, const std::string& ckpt_dir) {
+  if (config.checkpoint.local_dir.empty()) return "";
+  std::error_code ec;
+  stdfs::path ckpt = stdfs::absolute(ckpt_dir, ec).lexically_normal();
+  if (ckpt.filename().empty()) ckpt = ckpt.parent_path();
+  const std::string key = ckpt.filename().string() + "-" + xxh3_hex(ckpt.string()).substr(0, 8);
+  return (stdfs::path(config_path(config, config.checkpoint.local_dir)) / key).string();
+}
+
 Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                            Collectives* comm)
     : config_(config),
@@ -26,8 +67,18 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
       store_(options_.ckpt_dir, config.checkpoint.keep_last),
+      local_(config.checkpoint.local_dir.empty()
+                 ? nullptr
+                 : std::make_unique<CheckpointStore>(local_tier_dir(config, options_.ckpt_dir),
+                                                     config.checkpoint.local_keep_last)),
       copy_(std::make_unique<HostStateCopy>()),
-      writer_(store_, config.checkpoint.async) {}
+      writer_(local_ ? *local_ : store_, config.checkpoint.async) {
+  const double every = config.checkpoint.every_minutes;
+  interval_seconds_ = std::isnan(every) ? 0 : every * 60;
+  if (local_ && rank_ == 0)
+    copier_ = std::make_unique<TierCopier>(
+        std::make_unique<CheckpointStore>(options_.ckpt_dir, config.checkpoint.keep_last), *local_);
+}
 
 Checkpointer::~Checkpointer() = default;
 
@@ -58,14 +109,76 @@ void Checkpointer::claim_directory() {
     throw ConfigError(options_.ckpt_dir + " already holds checkpoints (" +
                       store_.list(false).back().name +
                       "); continue them with --resume, or use a new --ckpt directory");
+  if (std::isnan(config_.checkpoint.every_minutes)) choose_interval(0);
+  if (!local_) return;
+  try {
+    check_writable(local_->dir());
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string("checkpoint.local_dir: ") + e.what());
+  }
+  local_->clean_temporaries();
+  if (!options_.resume && local_->has_checkpoints())
+    throw ConfigError("the local tier " + local_->dir() +
+                      " holds checkpoints of an earlier run with --ckpt " + options_.ckpt_dir +
+                      " (" + local_->list(false).back().name +
+                      "); continue them with --resume, or remove that folder to start fresh");
+}
+
+std::vector<std::string> Checkpointer::tier_dirs() const {
+  std::vector<std::string> dirs{store_.dir()};
+  if (local_) dirs.push_back(local_->dir());
+  return dirs;
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers() {
+  const int64_t local_step = newest_step(*local_), network_step = newest_step(store_);
+  // The newer tier first, the local one on a tie; the other only when the first falls back
+  // (past damaged checkpoints, which each tier sets aside on its own) to an older step.
+  CheckpointStore* order[2] = {local_.get(), &store_};
+  int64_t steps[2] = {local_step, network_step};
+  if (network_step > local_step) {
+    std::swap(order[0], order[1]);
+    std::swap(steps[0], steps[1]);
+  }
+  std::optional<LoadedCheckpoint> best;
+  std::string errors;
+  for (int i = 0; i < 2; ++i) {
+    if (best && best->meta.global_step >= steps[i]) break;
+    try {
+      std::optional<LoadedCheckpoint> loaded = order[i]->load_latest();
+      if (loaded && (!best || loaded->meta.global_step > best->meta.global_step))
+        best = std::move(loaded);
+    } catch (const ResumeError& e) {
+      spdlog::warn("{}", e.what());
+      errors += std::string(errors.empty() ? "" : "\n") + e.what();
+    }
+  }
+  if (!best) {
+    if (!errors.empty()) throw ResumeError(errors);
+    return best;
+  }
+  const bool from_local = stdfs::path(best->info.path).parent_path() == stdfs::path(local_->dir());
+  spdlog::info(
+      "resuming from the {} tier: {} (newest complete: local tier step {}, network tier "
+      "step {})",
+      from_local ? "local" : "network", best->info.path, local_step, network_step);
+  // The network tier lags behind (it was down, or the copy was cut short): catch it up.
+  if (from_local && network_step < best->meta.global_step)
+    copier_->offer(best->info.path, best->meta.global_step);
+  return best;
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::choose() {
   std::optional<LoadedCheckpoint> loaded;
-  if (options_.resume && rank_ == 0) loaded = store_.load_latest();
+  if (options_.resume && rank_ == 0)
+    loaded = local_ ? load_newest_of_tiers() : store_.load_latest();
   if (!comm_) return loaded;
   const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
-  if (rank_ != 0 && !path.empty()) loaded = CheckpointStore::load(path);
+  if (rank_ != 0 && !path.empty()) {
+    // Rank 0's local tier is on rank 0's machine; a rank on another one reads the network copy.
+    const std::string network_copy = (stdfs::path(store_.dir()) / folder_name(path)).string();
+    loaded = CheckpointStore::load(fs::exists(path) ? path : network_copy);
+  }
   return loaded;
 }
 
@@ -102,8 +215,40 @@ void Checkpointer::check_lease() const {
 }
 
 bool Checkpointer::minutes_due() const {
-  const double every = config_.checkpoint.every_minutes;
-  return every > 0 && seconds_since(last_save_time_) >= every * 60;
+  return interval_seconds_ > 0 && seconds_since(last_save_time_) >= interval_seconds_;
+}
+
+void Checkpointer::choose_interval(double write_seconds) {
+  const double mtbf = config_.checkpoint.mtbf_hours * 3600;
+  double cost = kAssumedSaveSeconds;
+  std::string source = "assumed until a save is measured";
+  if (!measured_stalls_.empty()) {
+    std::vector<double> sorted = measured_stalls_;
+    std::sort(sorted.begin(), sorted.end());
+    cost = std::max(sorted[sorted.size() / 2], 1e-3);
+    source = "median of " + std::to_string(sorted.size()) + " measured stalls";
+  }
+  double interval = young_daly_seconds(cost, mtbf);
+  // The write runs beside training: saving more often than it takes would only queue saves
+  // (each waiting for the last, which counts as stall).
+  std::string floor;
+  if (interval < 2 * write_seconds) {
+    interval = 2 * write_seconds;
+    floor = fmt::format("; raised to twice the {:.2f} s background write", write_seconds);
+  }
+  const double before = interval_seconds_;
+  interval_seconds_ = interval;
+  if (before > 0 && std::abs(interval - before) <= 0.25 * before) return;
+  spdlog::info(
+      "checkpoint.every_minutes auto: a save every {} = sqrt(2 x {:.3f} s save cost ({}) x "
+      "{:.3g} h MTBF (checkpoint.mtbf_hours)){}",
+      interval < 120 ? fmt::format("{:.2f} s", interval) : fmt::format("{:.1f} min", interval / 60),
+      cost, source, config_.checkpoint.mtbf_hours, floor);
+  reporter_.event("checkpoint_interval", {{"seconds", interval},
+                                          {"save_cost_seconds", cost},
+                                          {"mtbf_seconds", mtbf},
+                                          {"measured_saves", measured_stalls_.size()},
+                                          {"write_seconds", write_seconds}});
 }
 
 void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
@@ -130,6 +275,8 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
     copy_->copy(model, optimizer, trainer_rng_states(model, rank_rng));
     CheckpointSnapshot snapshot;
     snapshot.meta = std::move(meta);
+    // `gpurun ckpt list DIR` finds the local tier through it.
+    if (local_) snapshot.meta.extra["local_tier"] = local_->dir();
     writer_.submit(std::move(snapshot),
                    [copy = copy_.get()](CheckpointSnapshot& s) { copy->build(s); });
     stalls_[step] = seconds_since(stall_start);
@@ -190,9 +337,79 @@ void Checkpointer::report_finished() {
                                    {"stall_seconds", stall},
                                    {"build_seconds", o.build_seconds},
                                    {"write_seconds", r.write_seconds}});
-    reporter_.status({{"last_checkpoint", r.path}}, true);
+    if (std::isnan(config_.checkpoint.every_minutes)) {
+      measured_stalls_.push_back(stall);
+      choose_interval(config_.checkpoint.async ? o.build_seconds + r.write_seconds : 0);
+    }
+    nlohmann::json fields = {{"last_checkpoint", r.path}};
+    // `gpurun ckpt list DIR` finds the local tier through it while DIR holds no checkpoint.
+    if (local_) fields["local_tier"] = local_->dir();
+    reporter_.status(fields, true);
+    if (copier_) copier_->offer(r.path, step);
   }
+  report_copies();
   check_lease();
+}
+
+void Checkpointer::report_copies() {
+  if (!copier_) return;
+  for (TierCopier::Outcome& o : copier_->finished()) {
+    if (o.result) {
+      if (copy_failures_ > 0)
+        spdlog::info("the network tier {} caught up after {} failed copies: {} is complete there",
+                     options_.ckpt_dir, copy_failures_, o.result->path);
+      copy_failures_ = 0;
+      reporter_.event("checkpoint_copied", {{"path", o.result->path},
+                                            {"source", o.source},
+                                            {"global_step", o.global_step},
+                                            {"bytes", o.result->bytes},
+                                            {"write_seconds", o.result->write_seconds}});
+      reporter_.status({{"last_network_checkpoint", o.result->path}}, true);
+      continue;
+    }
+    copy_failures_ = o.failures_in_a_row;
+    last_copy_error_ = o.error;
+    reporter_.event("checkpoint_copy_failed", {{"global_step", o.global_step},
+                                               {"source", o.source},
+                                               {"error", o.error},
+                                               {"errno", o.error_number},
+                                               {"failures_in_a_row", o.failures_in_a_row},
+                                               {"retry_in_seconds", o.retry_in_seconds}});
+    reporter_.end_progress();
+    spdlog::warn(
+        "copy of checkpoint {} to the network tier {} failed ({} in a row): {}; training goes "
+        "on, the local tier holds it; retrying in {:.0f} s with the newest checkpoint then",
+        o.source, options_.ckpt_dir, o.failures_in_a_row, o.error, o.retry_in_seconds);
+  }
+}
+
+void Checkpointer::settle_tiers(double seconds) {
+  if (!copier_ || last_complete_step_ <= 0) return;
+  const std::string name = folder_name(last_checkpoint_);
+  bool copied = copier_->copied_step() >= last_complete_step_ || holds(store_, last_complete_step_);
+  if (!copied) {
+    spdlog::info("giving the network copy of {} up to {:.0f} s", name, std::max(seconds, 0.0));
+    copied = seconds > 0 &&
+             copier_->wait_for(last_complete_step_, config_.checkpoint.max_failures, seconds);
+  }
+  report_copies();
+  if (copied) {
+    spdlog::warn("checkpoint {} is complete in both tiers: {} and {}", name, last_checkpoint_,
+                 (stdfs::path(store_.dir()) / name).string());
+    return;
+  }
+  int64_t network = -1;
+  try {
+    network = newest_step(store_);
+  } catch (const std::exception& e) {
+    spdlog::warn("the network tier {} cannot be read: {}", store_.dir(), e.what());
+  }
+  spdlog::warn(
+      "checkpoint {} is complete in the local tier only ({}); a restart on this machine resumes "
+      "from it, another machine from {}",
+      name, last_checkpoint_,
+      network < 0 ? "nothing (the network tier holds no checkpoint)"
+                  : "global step " + std::to_string(network) + " of the network tier");
 }
 
 void Checkpointer::drain() {
@@ -203,11 +420,24 @@ void Checkpointer::drain() {
 void Checkpointer::finish(int64_t global_step) {
   drain();
   bool complete = rank_ != 0 || last_complete_step_ == global_step;
+  bool copied = true;
+  if (complete && copier_) {
+    copied = copier_->copied_step() >= global_step || holds(store_, global_step) ||
+             copier_->wait_for(global_step, config_.checkpoint.max_failures, 0);
+    report_copies();
+    complete = copied;
+  }
   if (comm_) complete = comm_->all_reduce({complete ? 0.0 : 1.0}, Collectives::Op::kMax)[0] == 0;
   if (complete) return;
   if (rank_ != 0)
     throw Error("rank 0 could not write the final checkpoint (global step " +
                 std::to_string(global_step) + "); its log says why");
+  if (!copied)
+    throw Error("the final checkpoint (global step " + std::to_string(global_step) +
+                ") is complete in the local tier (" + last_checkpoint_ +
+                ") but could not be copied to the network tier " + options_.ckpt_dir + " (" +
+                std::to_string(config_.checkpoint.max_failures) + " attempts failed; last error: " +
+                last_copy_error_ + "); `gpurun --resume` on this machine copies it again");
   throw Error("the final checkpoint (global step " + std::to_string(global_step) +
               ") was not written" + (last_error_.empty() ? "" : ": " + last_error_) + "; " +
               not_saved(global_step) + "; the trained model is not saved");

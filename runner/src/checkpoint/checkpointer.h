@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/async_writer.h"
 #include "checkpoint/store.h"
@@ -30,6 +31,7 @@ class Collectives;
 class HostStateCopy;
 class Lease;
 class Reporter;
+class TierCopier;
 
 /// What the command line says about the checkpoint directory (RunOptions' share of it).
 struct CheckpointOptions {
@@ -50,6 +52,12 @@ class Checkpointer {
   /// Throws ConfigError naming the cause (read-only or full file system, no permission).
   static void check_writable(const std::string& dir);
 
+  /// The local tier of a run (checkpoint.local_dir set, else ""): a folder of local_dir named
+  /// after --ckpt, LOCAL_DIR/<basename of DIR>-<8 hex digits of xxh3(absolute DIR)>, so that
+  /// runs sharing one local disk never share a tier, and a restart on the same machine finds
+  /// its own.
+  static std::string local_tier_dir(const RunConfig& config, const std::string& ckpt_dir);
+
   /// Rank 0: check_writable(DIR), then holds DIR/lease.json for the whole run, cleans
   /// leftover temporaries and refuses a directory that holds checkpoints unless resuming.
   /// Throws ConfigError, naming the cause: DIR cannot be created or written (read-only or
@@ -60,15 +68,21 @@ class Checkpointer {
   /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
   /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint
   /// that is still being written and all resume the same step (docs/architecture.md, case 13).
-  /// nullopt without
-  /// --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
+  /// With a local tier the newest of both tiers wins (the local one on a tie: it reads faster),
+  /// and a network tier that lags behind is brought up to date in the background. nullopt
+  /// without --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
   std::optional<LoadedCheckpoint> choose();
 
   /// Records that training resumed from `path` at `global_step`.
   void resumed_from(const std::string& path, int64_t global_step);
 
-  /// checkpoint.every_minutes has passed since the last save (on this rank's clock).
+  /// The save interval has passed since the last save (on this rank's clock):
+  /// checkpoint.every_minutes, or with `auto` the Young/Daly interval (interval.h), chosen
+  /// with an assumed save cost at the start and again from the measured stalls.
   bool minutes_due() const;
+
+  /// The time-based save interval in seconds; 0: off.
+  double interval_seconds() const { return interval_seconds_; }
 
   /// Whether the state after `global_step` is saved already.
   bool saved(int64_t global_step) const { return last_saved_step_ == global_step; }
@@ -94,17 +108,27 @@ class Checkpointer {
   /// Waits for the write in flight and reports it.
   void drain();
 
+  /// After a stop signal, with a local tier: gives the network copy of the newest checkpoint
+  /// at most `seconds` to finish, then logs which tiers hold it. No-op without a local tier.
+  void settle_tiers(double seconds);
+
+  /// The checkpoint roots of this run: --ckpt, then the local tier when there is one.
+  std::vector<std::string> tier_dirs() const;
+
   /// The end of a run that trained up to `global_step`: drains, then makes sure that the
-  /// state after `global_step` is in a complete checkpoint. Otherwise throws Error on every
-  /// rank (collective with several ranks), rank 0's saying why the final checkpoint was not
-  /// written, which steps are not saved and where the newest complete checkpoint is, if any.
+  /// state after `global_step` is in a complete checkpoint, in the network tier too when
+  /// there is a local one (the copy is retried up to checkpoint.max_failures times). Otherwise
+  /// throws Error on every rank (collective with several ranks), rank 0's saying why the final
+  /// checkpoint was not written, which steps are not saved and where the newest complete checkpoint
+  /// is, if any.
   void finish(int64_t global_step);
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
 
   /// CheckpointStore::hold_commits(): no checkpoint becomes complete while the lock is held.
+  /// The store saves go to: the local tier when there is one.
   std::unique_lock<std::timed_mutex> hold_commits(double seconds) {
-    return store_.hold_commits(seconds);
+    return (local_ ? *local_ : store_).hold_commits(seconds);
   }
 
   /// For messages: which steps up to `reached` (unknown: nullopt) no complete checkpoint
@@ -119,20 +143,31 @@ class Checkpointer {
   Reporter& reporter_;
   Collectives* comm_;
   const int rank_;
-  CheckpointStore store_;
+  CheckpointStore store_;                   ///< --ckpt: the network tier
+  std::unique_ptr<CheckpointStore> local_;  ///< checkpoint.local_dir's tier, or null
   std::unique_ptr<Lease> lease_;  ///< released after the last write (declared before writer_)
   std::unique_ptr<HostStateCopy> copy_;  ///< read by the write in flight (before writer_)
-  CheckpointWriter writer_;
-  std::map<int64_t, double> stalls_;  ///< global step -> stall of its save, until reported
+  CheckpointWriter writer_;              ///< writes to local_ when set, else to store_
+  std::unique_ptr<TierCopier> copier_;   ///< local_ to the network tier, or null
+  std::map<int64_t, double> stalls_;     ///< global step -> stall of its save, until reported
   void check_lease() const;
+  std::optional<LoadedCheckpoint> load_newest_of_tiers();
+  void report_copies();
+  /// checkpoint.every_minutes auto: chooses interval_seconds_ again with the stalls measured so
+  /// far and the background write time `write_seconds`; logs and reports a change.
+  void choose_interval(double write_seconds);
 
   int64_t failed_saves_ = 0;
   bool warned_grace_ = false;
   int64_t last_saved_step_ = 0;     // step 0 needs no checkpoint: resuming from none is fresh
   int64_t last_complete_step_ = 0;  ///< global step of last_checkpoint_ (0: none needed yet)
   std::string last_error_;          ///< of the last failed write
+  std::string last_copy_error_;     ///< of the last failed copy to the network tier
+  int64_t copy_failures_ = 0;       ///< failed copies to the network tier in a row
   std::string last_checkpoint_;
   Clock::time_point last_save_time_ = Clock::now();
+  double interval_seconds_ = 0;          ///< time-based saves; 0: off
+  std::vector<double> measured_stalls_;  ///< with every_minutes auto
 };
 
 }  // namespace gpurun

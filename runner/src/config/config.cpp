@@ -140,7 +140,7 @@ std::string unknown_key_message(const std::string& name) {
 
 std::string format_value(const Field& f) {
   if (auto* i = std::get_if<int64_t*>(&f)) return std::to_string(**i);
-  if (auto* d = std::get_if<double*>(&f)) return json(**d).dump();
+  if (auto* d = std::get_if<double*>(&f)) return std::isnan(**d) ? "auto" : json(**d).dump();
   if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
   if (auto* s = std::get_if<std::string*>(&f)) return (*s)->empty() ? "\"\"" : **s;
   std::vector<std::string> items;
@@ -149,6 +149,8 @@ std::string format_value(const Field& f) {
 }
 
 json value_json(const Field& f) {
+  // A NaN float is the word of a number-or-word key (kAutoInterval).
+  if (auto* d = std::get_if<double*>(&f); d && std::isnan(**d)) return json("auto");
   return std::visit([](auto* p) { return json(*p); }, f);
 }
 
@@ -245,11 +247,16 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
     if (!limit.admits(static_cast<double>(*v))) return range_error(std::to_string(*v));
     **i = *v;
   } else if (auto* d = std::get_if<double*>(&f)) {
+    if (limit.word && n.IsScalar() && n.Scalar() == limit.word) {
+      **d = kAutoInterval;
+      return "";
+    }
     const auto v = to_double(n, &out_of_range);
     if (out_of_range) {
       return name + " is out of range of a double (0, or magnitudes 2.2e-308 to 1.8e308), got " +
              n.Scalar();
     }
+    if (!v && limit.word) return range_error(show(n));
     if (!v) return type_error("a number");
     if (!limit.admits(*v)) return range_error(json(*v).dump());
     **d = *v;
@@ -527,6 +534,7 @@ std::string detail::Limit::describe() const {
     return std::string("in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
            format_number(hi) + (hi_open ? ")" : "]");
   }
+  if (std::isfinite(lo) && word) return std::string("a number ") + (lo_open ? "> " : ">= ") + format_number(lo) + " or " + word;
   if (std::isfinite(lo)) return (lo_open ? "> " : ">= ") + format_number(lo);
   if (std::isfinite(hi)) return (hi_open ? "< " : "<= ") + format_number(hi);
   return non_empty ? "non-empty" : "";

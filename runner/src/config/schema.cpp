@@ -13,6 +13,12 @@ Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // n
 Limit one_of(std::vector<std::string> choices) {
   return {-kInf, kInf, false, false, true, false, std::move(choices)};
 }
+/// A number >= lo, or the word `auto` (checkpoint.every_minutes).
+Limit at_least_or_auto(double lo) {
+  Limit l = at_least(lo);
+  l.word = "auto";
+  return l;
+}
 /// A SIZE key (e.g. memory.capacity: "24GiB" or "auto").
 Limit size_or(std::vector<std::string> words) {
   Limit l = one_of(std::move(words));
@@ -51,6 +57,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
     {GPURUN_KEY(data, eval_samples), at_least(0), "first N test samples; 0: all", kHashed},
     {GPURUN_KEY(data, eval_path), any(), "csv, text: evaluation file; empty: split data.path", kHashed},
+    // Where the bytes are read from, not which bytes: a staged copy is verified to be the same.
+    {GPURUN_KEY(data, stage_dir), any(), "local disk the data files are copied to first; empty: off", kNotHashed},
     {GPURUN_KEY(data, eval_fraction), open_fraction(), "csv, text, synthetic: share held out for evaluation", kHashed},
     {GPURUN_KEY(data, label), non_empty(), "csv: label column, name or 0-based index (<0: from the end)", kHashed},
     {GPURUN_KEY(data, header), any(), "csv: the first row names the columns", kHashed},
@@ -86,12 +94,15 @@ const std::vector<Key>& schema() {
     // Bits, not what is learned: a resume may switch it (the manifest records it).
     {GPURUN_KEY(train, deterministic), any(), "CUDA: deterministic cuBLAS and cuDNN for an exact resume", kNotHashed},
     {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
-    {GPURUN_KEY(checkpoint, every_minutes), at_least(0), "also save every N minutes", kNotHashed},
+    {GPURUN_KEY(checkpoint, every_minutes), at_least_or_auto(0), "also save every N minutes; auto: the Young/Daly interval", kNotHashed},
+    {GPURUN_KEY(checkpoint, mtbf_hours), above(0), "every_minutes auto: mean hours between reclaims", kNotHashed},
     {GPURUN_KEY(checkpoint, keep_last), at_least(1), "complete checkpoints kept", kNotHashed},
     {GPURUN_KEY(checkpoint, grace_seconds), above(0), "time to save after a signal", kNotHashed},
     {GPURUN_KEY(checkpoint, lease_timeout), above(0), "seconds to a stale lease", kNotHashed},
     {GPURUN_KEY(checkpoint, async), any(), "write in the background while training goes on", kNotHashed},
     {GPURUN_KEY(checkpoint, max_failures), at_least(1), "failed saves in a row before exit 1", kNotHashed},
+    {GPURUN_KEY(checkpoint, local_dir), any(), "local disk saved to first, copied to --ckpt in the background; empty: off", kNotHashed},
+    {GPURUN_KEY(checkpoint, local_keep_last), at_least(1), "complete checkpoints kept in local_dir", kNotHashed},
     {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
     {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
     {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),

@@ -25,6 +25,8 @@ struct Limit {
   bool non_empty = false;  ///< strings and lists
   bool size = false;
   std::vector<std::string> choices;
+  /// A float key that also takes this one word, held as kAutoInterval (NaN); null: none.
+  const char* word = nullptr;
 
   bool admits(double v) const {
     return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);

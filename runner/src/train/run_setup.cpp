@@ -16,6 +16,7 @@
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
 #include "model/torchscript_model.h"
+#include "train/data_stage.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
 #include "util/units.h"
@@ -38,7 +39,9 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   set_determinism(s.device, config.train.deterministic);
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-  s.data = registry.make_dataset(config.data);
+  DataConfig data = config.data;
+  if (!data.stage_dir.empty()) s.data_stage = stage_data(config, data, local_rank == 0);
+  s.data = registry.make_dataset(data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   s.model = config.model.torchscript.empty()
                 ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)

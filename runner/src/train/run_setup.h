@@ -9,6 +9,7 @@
 #include <string>
 
 #include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
 
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
@@ -28,6 +29,8 @@ struct Session {
   std::unique_ptr<MemoryMeter> meter;  ///< installed before the model, so its tensors count
   std::shared_ptr<SegmentedModel> model;
   LossFn loss;  ///< train.loss from the registry
+  /// data.stage_dir: a StageResult::to_json() per staged path (data_stage.h); empty: none.
+  nlohmann::json data_stage = nlohmann::json::array();
 };
 
 /// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
@@ -43,9 +46,9 @@ struct PlanAgreement {
   std::function<bool(bool)> any;
 };
 
-/// Sets the thread count and seed, loads the data (not metered: host-resident data sets are
-/// not device memory), installs the meter, builds the model on the device, looks up the loss.
-/// Throws ConfigError for a bad device, dataset, model or loss.
+/// Sets the thread count and seed, stages the data files (data.stage_dir), loads the data (not
+/// metered: host-resident data sets are not device memory), installs the meter, builds the model on
+/// the device, looks up the loss. Throws ConfigError for a bad device, dataset, model or loss.
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0);
 

@@ -158,7 +158,9 @@ class Trainer {
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
       session_start_ = interval_start_ = Clock::now();
       session_first_step_ = global_step_;
-      reporter_.event("plan", plan_.to_json());
+      nlohmann::json plan_event = plan_.to_json();
+      if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
+      reporter_.event("plan", plan_event);
       reporter_.status({{"state", "running"},
                         {"epochs", config_.train.epochs},
                         {"total_steps", total_steps_},
@@ -210,10 +212,13 @@ class Trainer {
       no_commits = checkpointer_.hold_commits(2.0);
       try {
         // Sizes against the manifests, no checksums: quick, and these are this run's own.
-        const std::vector<CheckpointInfo> infos = CheckpointView(options_.ckpt_dir).list(false);
-        if (const CheckpointInfo* info = CheckpointView::newest_complete(infos)) {
-          newest = info->path;
-          newest_step = info->global_step;
+        for (const std::string& dir : checkpointer_.tier_dirs()) {
+          const std::vector<CheckpointInfo> infos = CheckpointView(dir).list(false);
+          const CheckpointInfo* info = CheckpointView::newest_complete(infos);
+          if (info && info->global_step > newest_step) {
+            newest = info->path;
+            newest_step = info->global_step;
+          }
         }
       } catch (const std::exception&) {
         newest.clear();  // the directory cannot be read: say so rather than guess
@@ -636,10 +641,13 @@ class Trainer {
     }
     if (!sig) return;
     reporter_.end_progress();
+    const auto signalled = Clock::now();
     spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
     reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
     if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
     checkpointer_.drain();
+    // What the grace time leaves after the local save goes to the network copy.
+    checkpointer_.settle_tiers(config_.checkpoint.grace_seconds - seconds_since(signalled));
     if (rank_ == 0) spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
     if (comm_) comm_->barrier();
     throw Stopped(sig);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -130,8 +131,8 @@ log:
 
   const std::string block = format_resolved(c);
   EXPECT_TRUE(contains(block, "resolved config (" + path + "):\n"));
-  EXPECT_TRUE(contains(block, "\n  optim.lr                  0.01\n"));
-  EXPECT_TRUE(contains(block, "\n  model.hidden              [512, 256, 128]\n"));
+  EXPECT_TRUE(contains(block, "\n  optim.lr                    0.01\n"));
+  EXPECT_TRUE(contains(block, "\n  model.hidden                [512, 256, 128]\n"));
   EXPECT_LT(block.find("model.name"), block.find("log.every_steps"));  // schema order
 }
 
@@ -329,6 +330,24 @@ TEST(Config, HashStableAndOnlyOverTrainingKeys) {
     EXPECT_NE(k.rfind("checkpoint.", 0), 0u) << k;
     EXPECT_NE(k.rfind("log.", 0), 0u) << k;
   }
+}
+
+TEST(Config, EveryMinutesTakesANumberOrAutoAndAutoSurvivesTheManifest) {
+  const RunConfig c =
+      parse_config("checkpoint:\n  every_minutes: auto\n  mtbf_hours: 2\n", "run.yaml", {});
+  EXPECT_TRUE(std::isnan(c.checkpoint.every_minutes));
+  EXPECT_DOUBLE_EQ(c.checkpoint.mtbf_hours, 2);
+  EXPECT_TRUE(contains(format_resolved(c), "every_minutes"));
+  const nlohmann::json j = config_to_json(c);
+  EXPECT_EQ(j["checkpoint"]["every_minutes"], "auto");
+  EXPECT_TRUE(std::isnan(config_from_json(j).checkpoint.every_minutes));
+  EXPECT_DOUBLE_EQ(
+      parse_config("", "run.yaml", {"checkpoint.every_minutes=7.5"}).checkpoint.every_minutes, 7.5);
+  EXPECT_TRUE(contains(error_of("checkpoint:\n  every_minutes: atuo\n"),
+                       "checkpoint.every_minutes must be a number >= 0 or auto, got \"atuo\""));
+  EXPECT_TRUE(contains(error_of("checkpoint:\n  every_minutes: -1\n"),
+                       "checkpoint.every_minutes must be a number >= 0 or auto, got -1"));
+  EXPECT_TRUE(contains(error_of("checkpoint:\n  mtbf_hours: 0\n"), "checkpoint.mtbf_hours"));
 }
 
 TEST(Config, JsonRoundTrip) {

@@ -1,0 +1,150 @@
+#include "checkpoint/tier_copy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "gpurun/errors.h"
+
+namespace gpurun {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// 1 s after the first failure, doubling, at most 60 s: a network tier that is down for an hour
+// costs a few dozen attempts, and one that comes back is caught up within a minute.
+double backoff_seconds(int64_t failures) {
+  return std::min(60.0, static_cast<double>(int64_t{1} << std::min<int64_t>(failures - 1, 6)));
+}
+}  // namespace
+
+struct TierCopier::Shared {
+  std::unique_ptr<CheckpointStore> network;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<std::pair<std::string, int64_t>> pending;  ///< folder, global step
+  std::vector<Outcome> done;
+  int64_t copied_step = -1;
+  int64_t failures = 0;            ///< in a row
+  int64_t attempts = 0;            ///< started, for wait_for()
+  Clock::time_point not_before{};  ///< the backoff: no attempt starts earlier
+  bool urgent = false;             ///< wait_for() is waiting: skip the backoff
+  bool copying = false, stopping = false;
+  std::string reading;  ///< the local checkpoint being copied, spared by local retention
+
+  explicit Shared(std::unique_ptr<CheckpointStore> n) : network(std::move(n)) {}
+};
+
+TierCopier::TierCopier(std::unique_ptr<CheckpointStore> network, CheckpointStore& protect)
+    : shared_(std::make_shared<Shared>(std::move(network))) {
+  protect.set_retention_guard([s = shared_](const std::string& name) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    return name == s->reading;
+  });
+  std::thread([s = shared_] { loop(s); }).detach();
+}
+
+TierCopier::~TierCopier() {
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  shared_->stopping = true;
+  shared_->changed.notify_all();
+  shared_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return !shared_->copying; });
+  // The thread holds its own reference to the shared state and ends after its copy.
+}
+
+const CheckpointStore& TierCopier::network() const { return *shared_->network; }
+
+void TierCopier::offer(const std::string& folder, int64_t global_step) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  if (global_step <= shared_->copied_step) return;
+  if (shared_->pending && shared_->pending->second > global_step) return;
+  shared_->pending = std::make_pair(folder, global_step);
+  shared_->changed.notify_all();
+}
+
+std::vector<TierCopier::Outcome> TierCopier::finished() {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  std::vector<Outcome> out;
+  out.swap(shared_->done);
+  return out;
+}
+
+int64_t TierCopier::copied_step() const {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return shared_->copied_step;
+}
+
+bool TierCopier::wait_for(int64_t global_step, int64_t max_failures, double seconds) {
+  std::unique_lock<std::mutex> lock(shared_->mutex);
+  const int64_t attempts_before = shared_->attempts + (shared_->copying ? 1 : 0);
+  const int64_t failures_before = shared_->failures;
+  shared_->urgent = true;
+  shared_->changed.notify_all();
+  const auto done = [&] {
+    return shared_->copied_step >= global_step ||
+           (!shared_->copying && shared_->failures - failures_before >= max_failures &&
+            shared_->attempts > attempts_before) ||
+           (!shared_->copying && !shared_->pending);
+  };
+  if (seconds > 0)
+    shared_->changed.wait_for(lock, std::chrono::duration<double>(seconds), done);
+  else
+    shared_->changed.wait(lock, done);
+  shared_->urgent = false;
+  return shared_->copied_step >= global_step;
+}
+
+void TierCopier::loop(std::shared_ptr<Shared> s) {
+  std::unique_lock<std::mutex> lock(s->mutex);
+  for (;;) {
+    s->changed.wait(lock, [&] { return s->pending.has_value() || s->stopping; });
+    if (s->stopping) return;
+    if (!s->urgent && Clock::now() < s->not_before) {
+      s->changed.wait_until(lock, s->not_before, [&] { return s->stopping || s->urgent; });
+      continue;
+    }
+    const auto [folder, step] = *s->pending;
+    s->pending.reset();
+    s->copying = true;
+    ++s->attempts;
+    const std::string name = std::filesystem::path(folder).filename().string();
+    s->reading = name;
+    lock.unlock();
+
+    Outcome outcome;
+    outcome.source = folder;
+    outcome.global_step = step;
+    try {
+      outcome.result = s->network->copy_from(folder);
+    } catch (const IoError& e) {
+      outcome.error = e.what();
+      outcome.error_number = e.error_number();
+    } catch (const std::exception& e) {
+      outcome.error = e.what();
+    }
+
+    lock.lock();
+    s->reading.clear();
+    s->copying = false;
+    if (outcome.result) {
+      s->failures = 0;
+      s->copied_step = std::max(s->copied_step, step);
+      s->not_before = {};
+    } else {
+      outcome.failures_in_a_row = ++s->failures;
+      outcome.retry_in_seconds = s->urgent ? 0 : backoff_seconds(s->failures);
+      s->not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(outcome.retry_in_seconds));
+      // Retried unless a newer save took its place meanwhile.
+      if (!s->pending) s->pending = std::make_pair(folder, step);
+    }
+    s->done.push_back(std::move(outcome));
+    s->changed.notify_all();
+  }
+}
+
+}  // namespace gpurun

@@ -1,0 +1,235 @@
+#include "train/data_stage.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "gpurun/errors.h"
+#include "util/fs.h"
+#include "util/hash.h"
+#include "util/units.h"
+
+namespace gpurun {
+namespace {
+
+namespace stdfs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kRecord = ".gpurun-stage.json";
+
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct SourceFile {
+  std::string relative;  ///< path under the staged root
+  std::string path;      ///< the source file
+  int64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+
+SourceFile source_file(const stdfs::path& path, std::string relative) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw IoError("stat", path.string(), errno);
+  return {std::move(relative), path.string(), static_cast<int64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+// The regular files of `source` (itself when it is a file), sorted by relative path.
+std::vector<SourceFile> list_source(const stdfs::path& source) {
+  std::vector<SourceFile> files;
+  if (!stdfs::is_directory(source)) {
+    files.push_back(source_file(source, source.filename().string()));
+    return files;
+  }
+  for (auto it = stdfs::recursive_directory_iterator(
+           source, stdfs::directory_options::follow_directory_symlink);
+       it != stdfs::recursive_directory_iterator(); ++it) {
+    if (it->is_regular_file())
+      files.push_back(source_file(it->path(), stdfs::relative(it->path(), source).string()));
+  }
+  std::sort(files.begin(), files.end(),
+            [](const SourceFile& a, const SourceFile& b) { return a.relative < b.relative; });
+  return files;
+}
+
+std::string hash_of(const std::string& path) { return xxh3_file(path).second; }
+
+// Holds an exclusive flock(2) on `path` for its lifetime: one process stages at a time.
+class StageLock {
+ public:
+  explicit StageLock(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw IoError("open", path, errno);
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) throw IoError("flock", path, errno);
+    }
+  }
+  ~StageLock() { ::close(fd_); }
+  StageLock(const StageLock&) = delete;
+  StageLock& operator=(const StageLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// Logs the copy's progress at most every 2 s.
+class Progress {
+ public:
+  explicit Progress(int64_t total) : total_(total) {}
+  void add(size_t n) {
+    done_ += static_cast<int64_t>(n);
+    if (since(last_) < 2) return;
+    last_ = Clock::now();
+    const double rate = static_cast<double>(done_) / std::max(since(start_), 1e-9);
+    spdlog::info("staging data: {} of {} ({:.0f}%), {}/s", format_bytes(done_),
+                 format_bytes(total_),
+                 100.0 * static_cast<double>(done_) / std::max<int64_t>(total_, 1),
+                 format_bytes(static_cast<int64_t>(rate)));
+  }
+
+ private:
+  int64_t total_, done_ = 0;
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+};
+
+}  // namespace
+
+json StageResult::to_json() const {
+  return {{"source", source},
+          {"copy", copy},
+          {"files", files},
+          {"bytes", bytes},
+          {"copied_files", copied_files},
+          {"copied_bytes", copied_bytes},
+          {"seconds", seconds}};
+}
+
+std::string StageResult::describe(const std::string& key) const {
+  std::string text = "staged " + key + " " + source + " in " + copy + ": " + std::to_string(files) +
+                     (files == 1 ? " file, " : " files, ") + format_bytes(bytes) + "; ";
+  if (copied_files == 0)
+    return text + "every file unchanged, reused (checked in " + fmt::format("{:.2f} s)", seconds);
+  return text + std::to_string(copied_files) + " copied (" + format_bytes(copied_bytes) +
+         fmt::format(" in {:.2f} s), ", seconds) + std::to_string(files - copied_files) + " reused";
+}
+
+StageResult stage_path(const std::string& source, const std::string& stage_dir,
+                       const std::string& key) {
+  const auto start = Clock::now();
+  std::error_code ec;
+  const stdfs::path abs = stdfs::absolute(source, ec).lexically_normal();
+  if (source.empty() || !stdfs::exists(abs, ec))
+    throw ConfigError("data.stage_dir: " + key + " " + source +
+                      " does not exist, so there is "
+                      "nothing to stage");
+  stdfs::path name = abs.filename().empty() ? abs.parent_path().filename() : abs.filename();
+  const std::string folder = name.string() + "-" + xxh3_hex(abs.string()).substr(0, 8);
+  const stdfs::path root = stdfs::path(stage_dir) / folder;
+  fs::make_dirs(root.string());
+  const StageLock lock((stdfs::path(stage_dir) / ("." + folder + ".lock")).string());
+
+  StageResult result;
+  result.source = source;
+  const bool is_dir = stdfs::is_directory(abs);
+  result.copy = is_dir ? root.string() : (root / abs.filename()).string();
+  const std::vector<SourceFile> files = list_source(abs);
+
+  json record =
+      json::parse(fs::exists((root / kRecord).string()) ? fs::read_file((root / kRecord).string())
+                                                        : std::string("{}"),
+                  nullptr, /*allow_exceptions=*/false);
+  if (!record.is_object() || !record.contains("files") || !record["files"].is_object())
+    record = {{"source", abs.string()}, {"files", json::object()}};
+  json& entries = record["files"];
+
+  // What changed, and how much to copy (for the progress line).
+  std::vector<const SourceFile*> to_copy;
+  for (const SourceFile& f : files) {
+    result.files += 1;
+    result.bytes += f.bytes;
+    const std::string copy = (root / f.relative).string();
+    const auto it = entries.find(f.relative);
+    const bool reusable = it != entries.end() && it->value("bytes", int64_t{-1}) == f.bytes &&
+                          it->value("mtime_ns", int64_t{-1}) == f.mtime_ns &&
+                          fs::file_size(copy) == f.bytes &&
+                          hash_of(copy) == it->value("xxh3", std::string());
+    if (!reusable) to_copy.push_back(&f);
+  }
+  int64_t copy_total = 0;
+  for (const SourceFile* f : to_copy) copy_total += f->bytes;
+  Progress progress(copy_total);
+  for (const SourceFile* f : to_copy) {
+    const stdfs::path copy = root / f->relative;
+    fs::make_dirs(copy.parent_path().string());
+    const std::string tmp = copy.string() + ".tmp-" + std::to_string(::getpid());
+    std::optional<Xxh3> passing;
+    const int64_t n = fs::with_retries([&] {
+      passing.emplace();
+      return fs::copy_file(f->path, tmp, [&](const char* data, size_t size) {
+        passing->update(data, size);
+        progress.add(size);
+      });
+    });
+    const std::string written = hash_of(tmp);
+    if (n != f->bytes || written != passing->hex()) {
+      ::unlink(tmp.c_str());
+      throw IoError("stage (the copy of " + std::to_string(n) + " bytes, xxh3 " + written +
+                        ", differs from the source's " + std::to_string(f->bytes) +
+                        " bytes, xxh3 " + passing->hex() + "; did it change while copied?)",
+                    f->path, EIO);
+    }
+    fs::rename_durable(tmp, copy.string());
+    entries[f->relative] = {{"bytes", f->bytes}, {"mtime_ns", f->mtime_ns}, {"xxh3", written}};
+    // Recorded file by file: a start cut short keeps what it copied.
+    fs::replace_file((root / kRecord).string(), record.dump(2) + "\n");
+    result.copied_files += 1;
+    result.copied_bytes += n;
+  }
+  // Files the source no longer has must not be read as part of it.
+  for (auto it = entries.begin(); it != entries.end();) {
+    const bool present = std::any_of(files.begin(), files.end(),
+                                     [&](const SourceFile& f) { return f.relative == it.key(); });
+    if (present) {
+      ++it;
+      continue;
+    }
+    fs::remove_all((root / it.key()).string());
+    it = entries.erase(it);
+    fs::replace_file((root / kRecord).string(), record.dump(2) + "\n");
+  }
+  result.seconds = since(start);
+  return result;
+}
+
+json stage_data(const RunConfig& config, DataConfig& data, bool log) {
+  json staged = json::array();
+  if (data.name == "synthetic") {
+    if (log) spdlog::info("data.stage_dir: the synthetic data set reads no files; nothing staged");
+    return staged;
+  }
+  const std::string dir = config_path(config, data.stage_dir);
+  for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &data.path},
+                           {"data.eval_path", &data.eval_path}}) {
+    if (path->empty()) continue;
+    const StageResult r = stage_path(*path, dir, key);
+    if (log) spdlog::info("{}", r.describe(key));
+    *path = r.copy;
+    staged.push_back(r.to_json());
+  }
+  return staged;
+}
+
+}  // namespace gpurun
