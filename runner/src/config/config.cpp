@@ -534,7 +534,8 @@ std::string detail::Limit::describe() const {
     return std::string("in ") + (lo_open ? "(" : "[") + format_number(lo) + ", " +
            format_number(hi) + (hi_open ? ")" : "]");
   }
-  if (std::isfinite(lo) && word) return std::string("a number ") + (lo_open ? "> " : ">= ") + format_number(lo) + " or " + word;
+  if (std::isfinite(lo) && word)
+    return std::string("a number ") + (lo_open ? "> " : ">= ") + format_number(lo) + " or " + word;
   if (std::isfinite(lo)) return (lo_open ? "> " : ">= ") + format_number(lo);
   if (std::isfinite(hi)) return (hi_open ? "< " : "<= ") + format_number(hi);
   return non_empty ? "non-empty" : "";
