@@ -102,7 +102,7 @@ struct SampleConfig {
 inline constexpr double kAutoInterval = std::numeric_limits<double>::quiet_NaN();
 
 struct CheckpointConfig {
-  int64_t every_steps = 0;    ///< also save every N optimizer steps; 0: only per epoch
+  int64_t every_steps = 0;  ///< also save every N optimizer steps; 0: only per epoch
   /// Also save every N minutes; 0: off; kAutoInterval (`auto`): the Young/Daly interval from
   /// the measured save cost and mtbf_hours (checkpoint/interval.h).
   double every_minutes = 0;
