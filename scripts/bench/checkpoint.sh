@@ -38,11 +38,11 @@ import numpy as np
 work, nbytes, dd_line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def saves(mode):
     return [json.loads(l) for l in open(f"{work}/async-{mode}/metrics.jsonl") if '"event":"checkpoint"' in l]
-a, s, t = saves("true"), saves("false"), saves("tiered")
+a, s, tiered = saves("true"), saves("false"), saves("tiered")
 # The first async save allocates the copy's bookkeeping; medians over all saves.
 stall_async = statistics.median(e["stall_seconds"] for e in a)
 stall_sync = statistics.median(e["stall_seconds"] for e in s)  # build and write included
-stall_tiered = statistics.median(e["stall_seconds"] for e in t)
+stall_tiered = statistics.median(e["stall_seconds"] for e in tiered)
 copies = sum(1 for l in open(f"{work}/async-tiered/metrics.jsonl") if '"event":"checkpoint_copied"' in l)
 build = statistics.median(e["build_seconds"] for e in a)
 size = statistics.median(e["bytes"] for e in a)
@@ -67,7 +67,7 @@ print(f"memcpy of {nbytes / 2**20:.0f} MiB            : {memcpy_fresh * 1000:8.1
 print(f"ratio stall async/sync        : {stall_async / stall_sync:.3f}   (goal <= 0.05)")
 print(f"ratio stall/memcpy (fresh)    : {stall_async / memcpy_fresh:.2f}   (goal <= 2)")
 print(f"ratio stall/memcpy (warm)     : {stall_async / memcpy_warm:.2f}")
-print(f"stall, local tier + slow net: {stall_tiered * 1000:8.1f} ms (median; {len(t)} saves, {copies} copied to --ckpt)")
+print(f"stall, local tier + slow net: {stall_tiered * 1000:8.1f} ms (median; {len(tiered)} saves, {copies} copied to --ckpt)")
 print(f"ratio stall slow-net/without: {stall_tiered / stall_async:.2f}   (goal <= 1.1)")
 print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (fsync of every file and folder)")
 if dd_bytes_per_s:

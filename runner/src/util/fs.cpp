@@ -76,6 +76,38 @@ void write_all(int fd, const std::string& data, const std::string& path) {
   write_all(fd, data.data(), data.size(), path);
 }
 
+// Writes a large file at the disk's speed: in 8 MiB chunks, each handed to writeback as soon
+// as it is written (sync_file_range), waiting for the one two chunks back. The disk then writes
+// while the next chunk is copied into the page cache, rather than after all of it, and the
+// final fsync has at most two chunks left to do. (Linux's streaming-write idiom; a file system
+// that cannot, or a failed hint, falls back to the plain fsync at the end, which reports any
+// real write error.)
+class StreamingWrite {
+ public:
+  static constexpr size_t kChunk = size_t{8} << 20;
+  StreamingWrite(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  void write(const char* p, size_t n) {
+    write_all(fd_, p, n, path_);
+    if (!hint_) return;
+    const off_t at = offset_;
+    offset_ += static_cast<off_t>(n);
+    if (::sync_file_range(fd_, at, static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE) != 0) {
+      hint_ = false;
+      return;
+    }
+    if (at >= static_cast<off_t>(2 * kChunk))
+      (void)::sync_file_range(
+          fd_, at - static_cast<off_t>(2 * kChunk), static_cast<off_t>(kChunk),
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+  }
+
+ private:
+  int fd_;
+  const std::string& path_;
+  off_t offset_ = 0;
+  bool hint_ = true;
+};
+
 std::string parent_dir(const std::string& path) {
   std::string parent = stdfs::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
@@ -83,7 +115,9 @@ std::string parent_dir(const std::string& path) {
 
 void write_file_once(const std::string& path, const std::string& data) {
   UniqueFd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
-  write_all(fd.get(), data, path);
+  StreamingWrite out(fd.get(), path);
+  for (size_t at = 0; at < data.size(); at += StreamingWrite::kChunk)
+    out.write(data.data() + at, std::min(StreamingWrite::kChunk, data.size() - at));
   fd.fsync();
   fd.close();
 }
@@ -178,7 +212,8 @@ int64_t copy_file(const std::string& from, const std::string& to, const ChunkObs
   // Sequential access doubles the kernel's read-ahead; large chunks keep the copy at disk speed
   // on network file systems, where every request is a round trip.
   (void)::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<char> buf(size_t{8} << 20);
+  std::vector<char> buf(StreamingWrite::kChunk);
+  StreamingWrite writer(out.get(), to);
   int64_t total = 0;
   for (;;) {
     const ssize_t n = ::read(in.get(), buf.data(), buf.size());
@@ -188,7 +223,7 @@ int64_t copy_file(const std::string& from, const std::string& to, const ChunkObs
     }
     if (n == 0) break;
     if (observe) observe(buf.data(), static_cast<size_t>(n));
-    write_all(out.get(), buf.data(), static_cast<size_t>(n), to);
+    writer.write(buf.data(), static_cast<size_t>(n));
     total += n;
   }
   out.fsync();
