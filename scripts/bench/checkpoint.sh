@@ -3,7 +3,8 @@
 # with Adam): the training stall of an asynchronous save against a synchronous save and against
 # a plain memcpy of the same bytes, the stall with a local tier in front of a slow network tier
 # against the stall without, and gpurun's write throughput against `dd conv=fsync` of the same
-# size into the same directory. Usage: scripts/bench/checkpoint.sh [DIR]
+# size into the same directory, and gpurun's resume load and write throughput against Python's
+# torch.load and torch.save of the same model.pt. Usage: scripts/bench/checkpoint.sh [DIR]
 # DIR: where checkpoints go (default: a temporary directory; point it at the NAS to measure it).
 # Needs a build (scripts/build.sh).
 set -euo pipefail
@@ -28,14 +29,17 @@ done
 # A local tier in front of a slow network tier: 2 s of injected latency in every copy to --ckpt.
 GPURUN_FAULT=sleep2000:copy_before_rename:* build/runner/gpurun "$work/run.yaml" \
   --ckpt "$work/async-tiered" --set checkpoint.local_dir="$work/local" 2>/dev/null
+# A resume of the finished run: reads, verifies and restores its final checkpoint, trains nothing.
+build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-true" --resume 2>/dev/null
 one=$(ls -d "$work"/async-true/ckpt-* | tail -1)
 bytes=$(cat "$one"/*.pt | wc -c)
 dd_line=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)
 rm -f "$work/dd.bin"
-"$python" - "$work" "$bytes" "$dd_line" <<'PY'
-import json, re, statistics, sys, time
+"$python" - "$work" "$bytes" "$dd_line" "$one" <<'PY'
+import json, os, re, statistics, sys, time
 import numpy as np
-work, nbytes, dd_line = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+import torch
+work, nbytes, dd_line, one = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def saves(mode):
     return [json.loads(l) for l in open(f"{work}/async-{mode}/metrics.jsonl") if '"event":"checkpoint"' in l]
 a, s, tiered = saves("true"), saves("false"), saves("tiered")
@@ -69,8 +73,23 @@ print(f"ratio stall/memcpy (fresh)    : {stall_async / memcpy_fresh:.2f}   (goal
 print(f"ratio stall/memcpy (warm)     : {stall_async / memcpy_warm:.2f}")
 print(f"stall, local tier + slow net: {stall_tiered * 1000:8.1f} ms (median; {len(tiered)} saves, {copies} copied to --ckpt)")
 print(f"ratio stall slow-net/without: {stall_tiered / stall_async:.2f}   (goal <= 1.1)")
+resume = [json.loads(l) for l in open(f"{work}/async-true/metrics.jsonl") if '"event":"resume"' in l][-1]
+load_seconds = resume["read_seconds"] + resume["restore_seconds"]
+# Python on the same model.pt, as warm in the page cache as gpurun's read was.
+model_pt = os.path.join(one, "model.pt")
+t0 = time.perf_counter(); state = torch.load(model_pt); py_load = time.perf_counter() - t0
+py_bytes = os.path.getsize(model_pt)
+t0 = time.perf_counter()
+with open(f"{work}/py-save.pt", "wb") as f:
+    torch.save(state, f); f.flush(); os.fsync(f.fileno())
+py_save = time.perf_counter() - t0
+print(f"gpurun load (resume)          : {resume['bytes'] / load_seconds / 2**20:8.1f} MiB/s ({resume['read_seconds'] * 1000:.0f} ms read and verify, {resume['restore_seconds'] * 1000:.0f} ms restore, {resume['bytes'] / 2**20:.0f} MiB)")
+print(f"Python torch.load of model.pt : {py_bytes / py_load / 2**20:8.1f} MiB/s ({py_load * 1000:.0f} ms, {py_bytes / 2**20:.0f} MiB)")
+print(f"ratio load gpurun/torch.load  : {(resume['bytes'] / load_seconds) / (py_bytes / py_load):.2f}   (goal >= 1.0)")
+print(f"Python torch.save + fsync     : {py_bytes / py_save / 2**20:8.1f} MiB/s")
 print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (fsync of every file and folder)")
 if dd_bytes_per_s:
     print(f"dd conv=fsync throughput      : {dd_bytes_per_s / 2**20:8.1f} MiB/s")
     print(f"ratio write gpurun/dd         : {(size / write) / dd_bytes_per_s:.2f}   (goal >= 0.8)")
+print(f"ratio write gpurun/torch.save : {(size / write) / (py_bytes / py_save):.2f}")
 PY

@@ -393,6 +393,7 @@ void Checkpointer::settle_tiers(double seconds) {
              copier_->wait_for(last_complete_step_, config_.checkpoint.max_failures, seconds);
   }
   report_copies();
+  local_->retain();
   if (copied) {
     spdlog::warn("checkpoint {} is complete in both tiers: {} and {}", name, last_checkpoint_,
                  (stdfs::path(store_.dir()) / name).string());
@@ -425,6 +426,7 @@ void Checkpointer::finish(int64_t global_step) {
     copied = copier_->copied_step() >= global_step || holds(store_, global_step) ||
              copier_->wait_for(global_step, config_.checkpoint.max_failures, 0);
     report_copies();
+    local_->retain();  // what local retention spared while it was being copied
     complete = copied;
   }
   if (comm_) complete = comm_->all_reduce({complete ? 0.0 : 1.0}, Collectives::Op::kMax)[0] == 0;

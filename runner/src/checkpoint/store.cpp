@@ -157,8 +157,12 @@ std::string check_file(const std::string& path, const std::string& name, const j
     } else if (!keep) {
       std::tie(size, got) = xxh3_file(file_path);
     } else {
-      data = fs::read_file(file_path);
+      // Hashed as it is read, while the bytes are in the cache: one pass over the file.
+      std::optional<Xxh3> hash;
+      data = fs::read_file(
+          file_path, [&](const char* p, size_t n) { hash->update(p, n); }, [&] { hash.emplace(); });
       size = static_cast<int64_t>(data.size());
+      got = hash->hex();
     }
   } catch (const IoError& e) {
     if (e.error_number() != ENOENT) return unreadable(name, e, read_errors);
@@ -170,7 +174,6 @@ std::string check_file(const std::string& path, const std::string& name, const j
     return name + ": size " + std::to_string(size) + " != " + std::to_string(want) + " in manifest";
   }
   if (check == Check::kChecksums) {
-    if (keep) got = xxh3_hex(data);
     if (got != want_xxh3->get<std::string>()) {
       return name + ": xxh3 mismatch (file " + got + ", manifest " + want_xxh3->get<std::string>() +
              ")";

@@ -198,6 +198,10 @@ class CheckpointStore {
     retention_guard_ = std::move(keep);
   }
 
+  /// Applies retention now (as after a save): for a checkpoint the retention guard spared
+  /// while it was copied. Never while a save of this store runs. Returns the names removed.
+  std::vector<std::string> retain() { return apply_retention(""); }
+
   /// view().list(verify).
   std::vector<CheckpointInfo> list(bool verify) const { return view_.list(verify); }
 

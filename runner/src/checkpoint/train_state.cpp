@@ -8,7 +8,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize/input-archive.h>
 
-#include <sstream>
+#include <string_view>
 
 #include "checkpoint/state_copy.h"
 #include "gpurun/errors.h"
@@ -45,7 +45,8 @@ std::string pickle_tensors(const NamedTensors& tensors) {
 NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
   c10::IValue value;
   try {
-    value = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    // Read in place: pickle_load() would want a copy of the bytes in a std::vector first.
+    value = torch::jit::pickle_load_obj(std::string_view(bytes));
   } catch (const std::exception& e) {
     throw ResumeError(what + " is not a pickled tensor dict: " + e.what());
   }
@@ -126,9 +127,10 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
   }
   {
     // Loaded to host memory first; optimizer.load() moves state next to the parameters.
-    std::istringstream in(checkpoint.file("optim.pt"));
+    // From the verified bytes in place (an istringstream would copy them first).
+    const std::string& optim = checkpoint.file("optim.pt");
     torch::serialize::InputArchive archive;
-    archive.load_from(in, at::kCPU);
+    archive.load_from(optim.data(), optim.size(), at::kCPU);
     optimizer.load(archive);
   }
   const c10::Device device = model_device(model);

@@ -128,7 +128,9 @@ class Trainer {
     try {
       model_source_ = describe_model_source(config_);
       checkpointer_.claim_directory();
+      const auto read_start = Clock::now();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
+      read_seconds_ = seconds_since(read_start);
       // Refused before any probe: planning takes device time, and a refused resume needs none.
       if (loaded) check_resumable(*loaded);
       std::optional<MemoryPlan> saved;
@@ -329,7 +331,10 @@ class Trainer {
           "{} and {}: results will differ in the last bits",
           meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
     session_.meter->reset_peak();
-    if (!restore_state(*loaded, *model_, *optimizer_, rank_))
+    const auto restore_start = Clock::now();
+    const bool rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
+    const double restore_seconds = seconds_since(restore_start);
+    if (!rng_restored)
       spdlog::warn(
           "rank {}: {} was written by {} rank(s) and holds no random state for this "
           "rank; its dropout stream starts from the seed (the run is no longer "
@@ -363,6 +368,9 @@ class Trainer {
           meta.world_size, world_, meta.world_size);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
+                               {"bytes", loaded->info.bytes},
+                               {"read_seconds", read_seconds_},
+                               {"restore_seconds", restore_seconds},
                                {"epoch", epoch_},
                                {"global_step", global_step_},
                                {"position_in_epoch", position_}});
@@ -665,6 +673,7 @@ class Trainer {
   nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
   Reporter reporter_;
   Checkpointer checkpointer_;
+  double read_seconds_ = 0;  ///< choosing, reading and verifying the checkpoint resumed from
   SampleTrace trace_;
   PeakParts peaks_;                                 ///< this epoch's peak of each part
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync

@@ -122,21 +122,32 @@ void write_file_once(const std::string& path, const std::string& data) {
   fd.close();
 }
 
-std::string read_file_once(const std::string& path) {
+std::string read_file_once(const std::string& path, const ChunkObserver& observe = {}) {
   UniqueFd fd(path, O_RDONLY);
   std::string out;
   struct stat st {};
-  if (::fstat(fd.get(), &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
+  if (::fstat(fd.get(), &st) == 0 && st.st_size > 0) {
+    // Read straight into the string's own buffer, in 8 MiB requests.
+    out.resize(static_cast<size_t>(st.st_size));
+    (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  }
+  size_t used = 0;
+  char probe[1 << 16];  // past the size fstat gave: a file that grew, or one of /proc
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    const bool in_place = used < out.size();
+    char* into = in_place ? out.data() + used : probe;
+    const size_t want = in_place ? std::min(out.size() - used, size_t{8} << 20) : sizeof probe;
+    const ssize_t n = ::read(fd.get(), into, want);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       throw_errno("read", path);
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    if (observe) observe(into, static_cast<size_t>(n));
+    if (!in_place) out.append(probe, static_cast<size_t>(n));
+    used += static_cast<size_t>(n);
   }
+  out.resize(used);
   fd.close();
   return out;
 }
@@ -234,6 +245,14 @@ int64_t copy_file(const std::string& from, const std::string& to, const ChunkObs
 
 std::string read_file(const std::string& path) {
   return with_retries([&] { return read_file_once(path); });
+}
+
+std::string read_file(const std::string& path, const ChunkObserver& observe,
+                      const std::function<void()>& reset) {
+  return with_retries([&] {
+    reset();
+    return read_file_once(path, observe);
+  });
 }
 
 void rename_durable(const std::string& from, const std::string& to) {

@@ -38,6 +38,13 @@ int64_t copy_file(const std::string& from, const std::string& to,
 /// The whole file. Throws IoError (errno ENOENT when it does not exist).
 std::string read_file(const std::string& path);
 
+/// The whole file, read once into a buffer of its size; `observe` sees every chunk as it
+/// arrives (a checksum computed while the bytes are hot in the cache, not in a second pass).
+/// Retried as read_file(), with the observer called again from the start: it must reset
+/// itself when `reset` is called first. Throws IoError.
+std::string read_file(const std::string& path, const ChunkObserver& observe,
+                      const std::function<void()>& reset);
+
 /// rename(2) followed by fsync of the destination's directory. Throws IoError.
 void rename_durable(const std::string& from, const std::string& to);
 
