@@ -78,8 +78,12 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
       << "loss            " << get("loss") << "\n"
       << "samples/s       " << get("samples_per_second") << "\n"
       << "ETA             " << (live ? format_duration(s.value("eta_seconds", -1.0)) : "-") << "\n"
-      << "last checkpoint " << s.value("last_checkpoint", std::string("none")) << "\n"
-      << "restarts        " << get("restarts") << "\n";
+      << "last checkpoint " << s.value("last_checkpoint", std::string("none")) << "\n";
+  // With checkpoint.local_dir, last_checkpoint is in the local tier; the copy may lag behind.
+  if (s.contains("local_tier"))
+    out << "  in --ckpt     " << s.value("last_network_checkpoint", std::string("none yet"))
+        << "\n";
+  out << "restarts        " << get("restarts") << "\n";
   return kExitOk;
 }
 
