@@ -223,5 +223,36 @@ TEST(Tiers, ResumeTakesTheNewerTierEitherWayAndEndsWithTheUninterruptedDigest) {
   }
 }
 
+TEST(Tiers, TheEndWaitsForTheFinalCopyAndAResumeOnTheSameMachineFinishesIt) {
+  Tmpfs disk("64m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 1));
+  const std::string net = disk.path() + "/ckpt";
+  const std::vector<std::string> sets{"checkpoint.every_steps=5",
+                                      "checkpoint.local_dir=" + (dir / "local")};
+  pid_t pid = start_gpurun(with_sets({config, "--ckpt", net, "--run-dir", dir / "run"}, sets),
+                           dir / "run", {{"GPURUN_FAULT", "sleep40:after_step:*"}});
+  ASSERT_TRUE(wait_for_new_checkpoint(net, pid, "", 120)) << slurp(dir / "run.err");
+  ASSERT_TRUE(disk.remount_read_only());
+  // The network tier stays read-only to the end: the run cannot say it finished.
+  Result r = wait_gpurun(pid, dir / "run");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "could not be copied to the network tier")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--resume")) << r.err;
+  ASSERT_TRUE(disk.remount_writable());
+  const std::string tier = tier_under(dir / "local");
+  const std::string final_name = trimmed(slurp(tier + "/LATEST"));
+  EXPECT_NE(trimmed(slurp(net + "/LATEST")), final_name);
+
+  Result resumed =
+      run_gpurun(with_sets({config, "--ckpt", net, "--run-dir", dir / "run", "--resume"}, sets));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "resuming from the local tier")) << resumed.err;
+  EXPECT_EQ(trimmed(slurp(net + "/LATEST")), final_name);
+  EXPECT_EQ(inspect(net)["global_step"], 30);
+  EXPECT_EQ(unverified(net), "");
+}
+
 }  // namespace
 }  // namespace gpurun::test

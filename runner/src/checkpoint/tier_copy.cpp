@@ -19,6 +19,10 @@ namespace gpurun {
 namespace {
 using Clock = std::chrono::steady_clock;
 
+// While the end of a run waits for its final copy: a failed copy is tried again after at
+// most 2 s, so that a network blip of a second or two does not fail the run's end.
+constexpr std::chrono::seconds kUrgentRetry(2);
+
 // 1 s after the first failure, doubling, at most 60 s: a network tier that is down for an hour
 // costs a few dozen attempts, and one that comes back is caught up within a minute.
 double backoff_seconds(int64_t failures) {
@@ -36,7 +40,13 @@ struct TierCopier::Shared {
   int64_t failures = 0;            ///< in a row
   int64_t attempts = 0;            ///< started, for wait_for()
   Clock::time_point not_before{};  ///< the backoff: no attempt starts earlier
-  bool urgent = false;             ///< wait_for() is waiting: skip the backoff
+  Clock::time_point failed_at{};   ///< the end of the last failed attempt
+  bool urgent = false;             ///< wait_for() is waiting: the backoff is cut to kUrgentRetry
+
+  /// When the next attempt may start.
+  Clock::time_point next_attempt() const {
+    return urgent ? std::min(not_before, failed_at + kUrgentRetry) : not_before;
+  }
   bool copying = false, stopping = false;
   std::string reading;  ///< the local checkpoint being copied, spared by local retention
 
@@ -114,8 +124,11 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
   for (;;) {
     s->changed.wait(lock, [&] { return s->pending.has_value() || s->stopping; });
     if (s->stopping) return;
-    if (!s->urgent && Clock::now() < s->not_before) {
-      s->changed.wait_until(lock, s->not_before, [&] { return s->stopping || s->urgent; });
+    if (Clock::now() < s->next_attempt()) {
+      // Woken early by a stop, or by wait_for() cutting the backoff short.
+      const bool was_urgent = s->urgent;
+      s->changed.wait_until(lock, s->next_attempt(),
+                            [&] { return s->stopping || (s->urgent && !was_urgent); });
       continue;
     }
     const auto [folder, step] = *s->pending;
@@ -147,9 +160,12 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
       s->not_before = {};
     } else {
       outcome.failures_in_a_row = ++s->failures;
-      outcome.retry_in_seconds = s->urgent ? 0 : backoff_seconds(s->failures);
-      s->not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                         std::chrono::duration<double>(outcome.retry_in_seconds));
+      s->failed_at = Clock::now();
+      s->not_before =
+          s->failed_at + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(backoff_seconds(s->failures)));
+      outcome.retry_in_seconds =
+          std::chrono::duration<double>(s->next_attempt() - s->failed_at).count();
       // Retried unless a newer save took its place meanwhile.
       if (!s->pending) s->pending = std::make_pair(folder, step);
     }

@@ -55,9 +55,9 @@ class TierCopier {
   /// The newest global step complete in the network tier by this copier (-1: none yet).
   int64_t copied_step() const;
 
-  /// Blocks until `global_step` (or a newer one) is complete in the network tier, retrying at
-  /// once rather than after the backoff; gives up after `max_failures` more failed attempts
-  /// or `seconds` (<= 0: no time limit). Returns whether it is complete.
+  /// Blocks until `global_step` (or a newer one) is complete in the network tier, retrying
+  /// after at most 2 s rather than after the backoff; gives up after `max_failures` more
+  /// failed attempts or `seconds` (<= 0: no time limit). Returns whether it is complete.
   bool wait_for(int64_t global_step, int64_t max_failures, double seconds);
 
  private:
