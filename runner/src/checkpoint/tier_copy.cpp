@@ -38,7 +38,7 @@ struct TierCopier::Shared {
   std::vector<Outcome> done;
   int64_t copied_step = -1;
   int64_t failures = 0;            ///< in a row
-  int64_t attempts = 0;            ///< started, for wait_for()
+  int64_t failed_attempts = 0;     ///< in all, for wait_for()
   Clock::time_point not_before{};  ///< the backoff: no attempt starts earlier
   Clock::time_point failed_at{};   ///< the end of the last failed attempt
   bool urgent = false;             ///< wait_for() is waiting: the backoff is cut to kUrgentRetry
@@ -94,14 +94,14 @@ int64_t TierCopier::copied_step() const {
 
 bool TierCopier::wait_for(int64_t global_step, int64_t max_failures, double seconds) {
   std::unique_lock<std::mutex> lock(shared_->mutex);
-  const int64_t attempts_before = shared_->attempts + (shared_->copying ? 1 : 0);
-  const int64_t failures_before = shared_->failures;
+  // Counted by a total that only grows: read whenever this thread gets the lock, it cannot
+  // miss a failure, however soon the copier starts its next attempt.
+  const int64_t failed_before = shared_->failed_attempts;
   shared_->urgent = true;
   shared_->changed.notify_all();
   const auto done = [&] {
     return shared_->copied_step >= global_step ||
-           (!shared_->copying && shared_->failures - failures_before >= max_failures &&
-            shared_->attempts > attempts_before) ||
+           shared_->failed_attempts - failed_before >= max_failures ||
            (!shared_->copying && !shared_->pending);
   };
   if (seconds > 0)
@@ -134,7 +134,6 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
     const auto [folder, step] = *s->pending;
     s->pending.reset();
     s->copying = true;
-    ++s->attempts;
     const std::string name = std::filesystem::path(folder).filename().string();
     s->reading = name;
     lock.unlock();
@@ -160,6 +159,7 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
       s->not_before = {};
     } else {
       outcome.failures_in_a_row = ++s->failures;
+      ++s->failed_attempts;
       s->failed_at = Clock::now();
       s->not_before =
           s->failed_at + std::chrono::duration_cast<Clock::duration>(

@@ -223,18 +223,19 @@ int64_t copy_file(const std::string& from, const std::string& to, const ChunkObs
   // Sequential access doubles the kernel's read-ahead; large chunks keep the copy at disk speed
   // on network file systems, where every request is a round trip.
   (void)::posix_fadvise(in.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<char> buf(StreamingWrite::kChunk);
+  // Not a std::vector: its 8 MiB would be zeroed for every copy, only to be overwritten.
+  const std::unique_ptr<char[]> buf(new char[StreamingWrite::kChunk]);
   StreamingWrite writer(out.get(), to);
   int64_t total = 0;
   for (;;) {
-    const ssize_t n = ::read(in.get(), buf.data(), buf.size());
+    const ssize_t n = ::read(in.get(), buf.get(), StreamingWrite::kChunk);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       throw_errno("read", from);
     }
     if (n == 0) break;
-    if (observe) observe(buf.data(), static_cast<size_t>(n));
-    writer.write(buf.data(), static_cast<size_t>(n));
+    if (observe) observe(buf.get(), static_cast<size_t>(n));
+    writer.write(buf.get(), static_cast<size_t>(n));
     total += n;
   }
   out.fsync();
