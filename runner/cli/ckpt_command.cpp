@@ -127,30 +127,54 @@ int list(const CheckpointView& view, bool as_json, std::ostream& out) {
   return kExitOk;
 }
 
-int verify(const CheckpointView& view, bool as_json, std::ostream& out) {
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/true);
+json verify_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
-  const int code = newest ? kExitOk : kExitFailure;
-  if (as_json) {
-    json rows = json::array();
-    for (const auto& info : infos) {
-      rows.push_back({{"name", info.name}, {"complete", info.complete}, {"problem", info.problem}});
-    }
-    print_json({{"dir", view.dir()},
-                {"ok", newest != nullptr},
-                {"checkpoints", rows},
-                {"newest_complete", or_null(newest)}},
-               out);
-    return code;
+  json rows = json::array();
+  for (const auto& info : infos) {
+    rows.push_back({{"name", info.name}, {"complete", info.complete}, {"problem", info.problem}});
   }
+  return {{"dir", view.dir()},
+          {"ok", newest != nullptr},
+          {"checkpoints", rows},
+          {"newest_complete", or_null(newest)}};
+}
+
+void verify_text(const CheckpointView& view, const std::vector<CheckpointInfo>& infos,
+                 std::ostream& out) {
   for (const auto& info : infos) {
     out << (info.complete ? "ok      " : "FAILED  ") << printable(info.name)
         << (info.complete ? "" : ": " + printable(info.problem)) << "\n";
   }
-  if (newest) {
+  if (const CheckpointInfo* newest = CheckpointView::newest_complete(infos)) {
     out << "newest complete checkpoint: " << printable(newest->name) << "\n";
   } else {
     out << "no checkpoint in " << view.dir() << " verifies\n";
+  }
+}
+
+// DIR's checkpoints, checksums included, then those of its local tier when this machine holds
+// one. The exit code is DIR's: whether a checkpoint there verifies.
+int verify(const CheckpointView& view, bool as_json, std::ostream& out) {
+  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/true);
+  const int code = CheckpointView::newest_complete(infos) ? kExitOk : kExitFailure;
+  const std::string tier = local_tier_of(view, infos);
+  std::optional<CheckpointView> local;
+  std::vector<CheckpointInfo> local_infos;
+  if (!tier.empty()) {
+    local.emplace(tier);
+    local_infos = local->list(/*verify=*/true);
+  }
+  if (as_json) {
+    json j = verify_json(view, infos);
+    j["local_tier"] = local ? verify_json(*local, local_infos) : json(nullptr);
+    print_json(j, out);
+    return code;
+  }
+  if (local) out << "network tier " << view.dir() << ":\n";
+  verify_text(view, infos, out);
+  if (local) {
+    out << "\nlocal tier " << local->dir() << ":\n";
+    verify_text(*local, local_infos, out);
   }
   return code;
 }

@@ -160,10 +160,11 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                 plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
   out << line;
   for (const auto& staged : session.data_stage) {
-    std::snprintf(line, sizeof line, "data staged     %s: %s, %lld files; %s copied in %.2f s\n",
+    const int64_t files = staged["files"].get<int64_t>();
+    std::snprintf(line, sizeof line, "data staged     %s: %s, %lld file%s; %s copied in %.2f s\n",
                   staged["copy"].get<std::string>().c_str(),
                   format_bytes(staged["bytes"].get<int64_t>()).c_str(),
-                  static_cast<long long>(staged["files"].get<int64_t>()),
+                  static_cast<long long>(files), files == 1 ? "" : "s",
                   format_bytes(staged["copied_bytes"].get<int64_t>()).c_str(),
                   staged["seconds"].get<double>());
     out << line;

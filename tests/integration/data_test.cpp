@@ -248,6 +248,17 @@ TEST(DataStage, ACopyIsReusedWhileUnchangedAndCopiedAgainWhenItsSourceOrItselfCh
   EXPECT_EQ(staged("fourth")["copied_files"], 1);
   EXPECT_EQ(slurp(copy + "/t10k-labels-idx1-ubyte.gz"), slurp(src + "/t10k-labels-idx1-ubyte.gz"));
 
+  // A stage dir inside the source would grow with every start: refused, as is one that is a
+  // file, naming the key.
+  Result inside = run_gpurun(with_sets({config, "--ckpt", dir / "inside"},
+                                       {"data.path=" + src, "data.stage_dir=" + src + "/stage"}));
+  EXPECT_EQ(inside.exit_code, 2) << inside.err;
+  EXPECT_TRUE(contains(inside.err, "is inside data.path")) << inside.err;
+  Result onto_file = run_gpurun(with_sets({config, "--ckpt", dir / "file"},
+                                          {"data.path=" + src, "data.stage_dir=" + labels}));
+  EXPECT_EQ(onto_file.exit_code, 2) << onto_file.err;
+  EXPECT_TRUE(contains(onto_file.err, "data.stage_dir")) << onto_file.err;
+
   // `gpurun plan` shows what staging did.
   Result plan = run_gpurun(with_sets({"plan", config}, sets));
   EXPECT_EQ(plan.exit_code, 0) << plan.err;

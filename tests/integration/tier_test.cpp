@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -106,6 +108,18 @@ TEST(Tiers, EverySaveIsCompleteLocallyFirstAndReachesTheNetworkTierUnchanged) {
   ASSERT_FALSE(j.is_discarded()) << list_json.out;
   EXPECT_EQ(j["local_tier"]["dir"], tier);
   EXPECT_EQ(j["local_tier"]["newest_complete"], name);
+
+  Result verify = run_gpurun({"ckpt", "verify", dir / "net"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  EXPECT_TRUE(contains(verify.out, "local tier " + tier)) << verify.out;
+
+  // A local_dir that is a file: refused at the start, naming the key to fix.
+  const std::string file = dir / "a-file";
+  std::ofstream(file) << "x";
+  Result bad =
+      run_gpurun(with_sets({config, "--ckpt", dir / "net2"}, {"checkpoint.local_dir=" + file}));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "choose a checkpoint.local_dir directory")) << bad.err;
 
   // A fresh run (no --resume) over a local tier that holds checkpoints is refused, naming it,
   // even when the network tier was emptied: nothing is silently continued or thrown away.
@@ -252,6 +266,32 @@ TEST(Tiers, TheEndWaitsForTheFinalCopyAndAResumeOnTheSameMachineFinishesIt) {
   EXPECT_EQ(trimmed(slurp(net + "/LATEST")), final_name);
   EXPECT_EQ(inspect(net)["global_step"], 30);
   EXPECT_EQ(unverified(net), "");
+}
+
+TEST(Tiers, AStopSignalDuringTheFinalCopyEndsTheWaitWithExit75) {
+  Tmpfs disk("64m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 1));
+  const std::string net = disk.path() + "/ckpt";
+  // 50 attempts: without the signal the end would wait about 100 s.
+  const std::vector<std::string> sets{"checkpoint.every_steps=5", "checkpoint.max_failures=50",
+                                      "checkpoint.local_dir=" + (dir / "local")};
+  pid_t pid = start_gpurun(with_sets({config, "--ckpt", net, "--run-dir", dir / "run"}, sets),
+                           dir / "run", {{"GPURUN_FAULT", "sleep40:after_step:*"}});
+  ASSERT_TRUE(wait_for_new_checkpoint(net, pid, "", 120)) << slurp(dir / "run.err");
+  ASSERT_TRUE(disk.remount_read_only());
+  for (int i = 0; i < 600 && !contains(slurp(dir / "run.err"), "epoch 1/1:"); ++i) sleep_for(0.1);
+  sleep_for(1.0);  // inside the final wait
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(pid, SIGTERM);
+  Result r = wait_gpurun(pid, dir / "run");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_LT(seconds, 10.0) << r.err;
+  EXPECT_TRUE(contains(r.err, "while the final checkpoint was being copied")) << r.err;
+  ASSERT_TRUE(disk.remount_writable());
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ struct DataConfig {
   int64_t classes = 10;                   ///< synthetic: number of classes
   int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
   /// A local disk that path and eval_path are copied to before training, and read from
-  /// (train/data_stage.h); relative paths resolve against the run.yaml's directory. "": off.
+  /// (train/data_stage.h); a relative path resolves against the working directory, as
+  /// data.path does. "": off.
   std::string stage_dir;
 };
 
@@ -113,8 +114,8 @@ struct CheckpointConfig {
   bool async = true;          ///< write in a background thread while training goes on
   int64_t max_failures = 3;   ///< failed saves in a row before the run stops (exit 1)
   /// A local disk in front of --ckpt (network storage): every save is complete there first and
-  /// copied to --ckpt in the background (docs/architecture.md, "Checkpoint tiers"). Relative
-  /// paths resolve against the run.yaml's directory (config_path()). "": off.
+  /// copied to --ckpt in the background (docs/architecture.md, "Checkpoint tiers"). A relative
+  /// path resolves against the working directory, as --ckpt does. "": off.
   std::string local_dir;
   int64_t local_keep_last = 2;  ///< complete checkpoints kept in the local tier
 };

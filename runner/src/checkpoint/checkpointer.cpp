@@ -23,6 +23,7 @@
 #include "util/clock.h"
 #include "util/fs.h"
 #include "util/hash.h"
+#include "util/signals.h"
 
 namespace gpurun {
 namespace {
@@ -53,10 +54,12 @@ std::string folder_name(const std::string& path) {
 std::string Checkpointer::local_tier_dir(const RunConfig& config, const std::string& ckpt_dir) {
   if (config.checkpoint.local_dir.empty()) return "";
   std::error_code ec;
-  stdfs::path ckpt = stdfs::absolute(ckpt_dir, ec).lexically_normal();
+  // Through symlinks: one --ckpt reached by two paths keeps one local tier.
+  stdfs::path ckpt = stdfs::weakly_canonical(stdfs::absolute(ckpt_dir, ec), ec);
+  if (ec) ckpt = stdfs::absolute(ckpt_dir, ec).lexically_normal();
   if (ckpt.filename().empty()) ckpt = ckpt.parent_path();
   const std::string key = ckpt.filename().string() + "-" + xxh3_hex(ckpt.string()).substr(0, 8);
-  return (stdfs::path(config_path(config, config.checkpoint.local_dir)) / key).string();
+  return (stdfs::path(config.checkpoint.local_dir) / key).string();
 }
 
 Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
@@ -82,15 +85,16 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
 
 Checkpointer::~Checkpointer() = default;
 
-void Checkpointer::check_writable(const std::string& dir) {
+void Checkpointer::check_writable(const std::string& dir, const std::string& what) {
   const std::string probe = dir + "/.gpurun-write-probe-" + std::to_string(::getpid());
   try {
     fs::make_dirs(dir);
     fs::write_file(probe, "gpurun write probe\n");
     if (::unlink(probe.c_str()) != 0) throw IoError("unlink", probe, errno);
   } catch (const IoError& e) {
-    throw ConfigError("checkpoint directory " + dir + " cannot be written (" + e.what() +
-                      "); choose a --ckpt directory where files can be created");
+    throw ConfigError((what == "--ckpt" ? "checkpoint directory " : what + " ") + dir +
+                      " cannot be written (" + e.what() + "); choose a " + what +
+                      " directory where files can be created");
   }
 }
 
@@ -111,11 +115,7 @@ void Checkpointer::claim_directory() {
                       "); continue them with --resume, or use a new --ckpt directory");
   if (std::isnan(config_.checkpoint.every_minutes)) choose_interval(0);
   if (!local_) return;
-  try {
-    check_writable(local_->dir());
-  } catch (const ConfigError& e) {
-    throw ConfigError(std::string("checkpoint.local_dir: ") + e.what());
-  }
+  check_writable(local_->dir(), "checkpoint.local_dir");
   local_->clean_temporaries();
   if (!options_.resume && local_->has_checkpoints())
     throw ConfigError("the local tier " + local_->dir() +
@@ -158,10 +158,17 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers() {
     return best;
   }
   const bool from_local = stdfs::path(best->info.path).parent_path() == stdfs::path(local_->dir());
-  spdlog::info(
-      "resuming from the {} tier: {} (newest complete: local tier step {}, network tier "
-      "step {})",
-      from_local ? "local" : "network", best->info.path, local_step, network_step);
+  const int64_t other = from_local ? network_step : local_step;
+  spdlog::info("resuming from the {} tier: {} (the {} tier's newest: {})",
+               from_local ? "local" : "network", best->info.path, from_local ? "network" : "local",
+               other < 0 ? std::string("none") : "global step " + std::to_string(other));
+  // A newer folder of the other tier that did not verify is left to that tier's retention;
+  // say so, as a damaged checkpoint of the tier resumed from is.
+  for (const CheckpointStore* tier : {local_.get(), &store_}) {
+    for (const CheckpointInfo& info : tier->list(/*verify=*/false))
+      if (!info.complete && info.global_step > best->meta.global_step)
+        spdlog::warn("skipping {}, which does not verify ({})", info.path, info.problem);
+  }
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
   if (from_local && network_step < best->meta.global_step)
     copier_->offer(best->info.path, best->meta.global_step);
@@ -308,8 +315,12 @@ void Checkpointer::report_finished() {
           "checkpoint of global step {} failed: {}; the last complete checkpoint "
           "({}) is untouched; training goes on and saves again at the next "
           "checkpoint ({} of {} failures in a row)",
-          step, o.error, last_checkpoint_.empty() ? "none" : last_checkpoint_, failed_saves_,
-          config_.checkpoint.max_failures);
+          step, o.error,
+          last_checkpoint_.empty() ? "none"
+          : last_network_checkpoint_.empty()
+              ? last_checkpoint_
+              : last_checkpoint_ + ", copied to " + last_network_checkpoint_,
+          failed_saves_, config_.checkpoint.max_failures);
       if (failed_saves_ >= config_.checkpoint.max_failures)
         throw Error("stopping: " + std::to_string(failed_saves_) +
                     " checkpoints in a row failed; last error: " + o.error + "; " +
@@ -319,6 +330,7 @@ void Checkpointer::report_finished() {
     failed_saves_ = 0;
     const SaveResult& r = *o.result;
     last_checkpoint_ = r.path;
+    last_network_checkpoint_.clear();  // until its copy is done
     last_complete_step_ = step;
     // Synchronous saves build and write inside the stall.
     const double save_seconds =
@@ -365,6 +377,7 @@ void Checkpointer::report_copies() {
                                             {"bytes", o.result->bytes},
                                             {"write_seconds", o.result->write_seconds}});
       reporter_.status({{"last_network_checkpoint", o.result->path}}, true);
+      if (o.global_step == last_complete_step_) last_network_checkpoint_ = o.result->path;
       continue;
     }
     copy_failures_ = o.failures_in_a_row;
@@ -395,7 +408,7 @@ void Checkpointer::settle_tiers(double seconds) {
   report_copies();
   local_->retain();
   if (copied) {
-    spdlog::warn("checkpoint {} is complete in both tiers: {} and {}", name, last_checkpoint_,
+    spdlog::info("checkpoint {} is complete in both tiers: {} and {}", name, last_checkpoint_,
                  (stdfs::path(store_.dir()) / name).string());
     return;
   }
@@ -423,9 +436,23 @@ void Checkpointer::finish(int64_t global_step) {
   bool complete = rank_ != 0 || last_complete_step_ == global_step;
   bool copied = true;
   if (complete && copier_) {
+    // A stop signal, or a lease lost or expired meanwhile, ends the wait: the final state is
+    // safe in the local tier, and --ckpt may no longer be this run's to write.
+    const auto give_up = [this] {
+      return stop_signal() != 0 || (lease_ && (lease_->lost() || lease_->expired()));
+    };
     copied = copier_->copied_step() >= global_step || holds(store_, global_step) ||
-             copier_->wait_for(global_step, config_.checkpoint.max_failures, 0);
+             copier_->wait_for(global_step, config_.checkpoint.max_failures, 0, give_up);
     report_copies();
+    if (!copied && stop_signal() != 0) {
+      spdlog::warn(
+          "received signal {} while the final checkpoint was being copied; it is "
+          "complete in the local tier ({}); run again with --resume on this machine "
+          "to copy it to {}",
+          stop_signal(), last_checkpoint_, options_.ckpt_dir);
+      throw Stopped(stop_signal());
+    }
+    check_lease();
     local_->retain();  // what local retention spared while it was being copied
     complete = copied;
   }

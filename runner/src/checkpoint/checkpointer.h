@@ -50,7 +50,8 @@ class Checkpointer {
   /// Creates `dir` when missing, then creates, writes (with fsync) and removes a file in it:
   /// the only proof that checkpoints can be written there (root ignores permission bits).
   /// Throws ConfigError naming the cause (read-only or full file system, no permission).
-  static void check_writable(const std::string& dir);
+  /// `what` names the directory in the message ("--ckpt", "checkpoint.local_dir").
+  static void check_writable(const std::string& dir, const std::string& what = "--ckpt");
 
   /// The local tier of a run (checkpoint.local_dir set, else ""): a folder of local_dir named
   /// after --ckpt, LOCAL_DIR/<basename of DIR>-<8 hex digits of xxh3(absolute DIR)>, so that
@@ -159,11 +160,12 @@ class Checkpointer {
 
   int64_t failed_saves_ = 0;
   bool warned_grace_ = false;
-  int64_t last_saved_step_ = 0;     // step 0 needs no checkpoint: resuming from none is fresh
-  int64_t last_complete_step_ = 0;  ///< global step of last_checkpoint_ (0: none needed yet)
-  std::string last_error_;          ///< of the last failed write
-  std::string last_copy_error_;     ///< of the last failed copy to the network tier
-  int64_t copy_failures_ = 0;       ///< failed copies to the network tier in a row
+  int64_t last_saved_step_ = 0;          // step 0 needs no checkpoint: resuming from none is fresh
+  int64_t last_complete_step_ = 0;       ///< global step of last_checkpoint_ (0: none needed yet)
+  std::string last_error_;               ///< of the last failed write
+  std::string last_copy_error_;          ///< of the last failed copy to the network tier
+  std::string last_network_checkpoint_;  ///< the copy of last_checkpoint_ in --ckpt, once done
+  int64_t copy_failures_ = 0;            ///< failed copies to the network tier in a row
   std::string last_checkpoint_;
   Clock::time_point last_save_time_ = Clock::now();
   double interval_seconds_ = 0;          ///< time-based saves; 0: off

@@ -92,7 +92,8 @@ int64_t TierCopier::copied_step() const {
   return shared_->copied_step;
 }
 
-bool TierCopier::wait_for(int64_t global_step, int64_t max_failures, double seconds) {
+bool TierCopier::wait_for(int64_t global_step, int64_t max_failures, double seconds,
+                          const std::function<bool()>& give_up) {
   std::unique_lock<std::mutex> lock(shared_->mutex);
   // Counted by a total that only grows: read whenever this thread gets the lock, it cannot
   // miss a failure, however soon the copier starts its next attempt.
@@ -104,10 +105,18 @@ bool TierCopier::wait_for(int64_t global_step, int64_t max_failures, double seco
            shared_->failed_attempts - failed_before >= max_failures ||
            (!shared_->copying && !shared_->pending);
   };
-  if (seconds > 0)
-    shared_->changed.wait_for(lock, std::chrono::duration<double>(seconds), done);
-  else
-    shared_->changed.wait(lock, done);
+  const auto deadline = seconds > 0 ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                         std::chrono::duration<double>(seconds))
+                                    : Clock::time_point::max();
+  while (!done() && Clock::now() < deadline) {
+    shared_->changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(1)),
+                                done);
+    if (done() || !give_up) continue;
+    lock.unlock();
+    const bool stop = give_up();
+    lock.lock();
+    if (stop) break;
+  }
   shared_->urgent = false;
   return shared_->copied_step >= global_step;
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,8 +58,10 @@ class TierCopier {
 
   /// Blocks until `global_step` (or a newer one) is complete in the network tier, retrying
   /// after at most 2 s rather than after the backoff; gives up after `max_failures` more
-  /// failed attempts or `seconds` (<= 0: no time limit). Returns whether it is complete.
-  bool wait_for(int64_t global_step, int64_t max_failures, double seconds);
+  /// failed attempts, after `seconds` (<= 0: no time limit), or when `give_up` (asked about
+  /// once a second, without the copier's lock) returns true. Returns whether it is complete.
+  bool wait_for(int64_t global_step, int64_t max_failures, double seconds,
+                const std::function<bool()>& give_up = {});
 
  private:
   struct Shared;

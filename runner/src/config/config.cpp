@@ -256,7 +256,10 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       return name + " is out of range of a double (0, or magnitudes 2.2e-308 to 1.8e308), got " +
              n.Scalar();
     }
-    if (!v && limit.word) return range_error(show(n));
+    if (!v && limit.word) {
+      const std::string guess = n.IsScalar() ? nearest_of(n.Scalar(), {limit.word}) : "";
+      return range_error(show(n)) + (guess.empty() ? "" : "; did you mean " + guess + "?");
+    }
     if (!v) return type_error("a number");
     if (!limit.admits(*v)) return range_error(json(*v).dump());
     **d = *v;

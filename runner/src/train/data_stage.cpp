@@ -176,13 +176,21 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
     fs::make_dirs(copy.parent_path().string());
     const std::string tmp = copy.string() + ".tmp-" + std::to_string(::getpid());
     std::optional<Xxh3> passing;
-    const int64_t n = fs::with_retries([&] {
-      passing.emplace();
-      return fs::copy_file(f->path, tmp, [&](const char* data, size_t size) {
-        passing->update(data, size);
-        progress.add(size);
+    int64_t n = 0;
+    try {
+      n = fs::with_retries([&] {
+        passing.emplace();
+        return fs::copy_file(f->path, tmp, [&](const char* data, size_t size) {
+          passing->update(data, size);
+          progress.add(size);
+        });
       });
-    });
+    } catch (const IoError& e) {
+      ::unlink(tmp.c_str());  // a full disk must not stay full of a half copy
+      throw IoError("copy (staging needs " + format_bytes(copy_total) +
+                        " free for the files that changed) to " + tmp + " from",
+                    f->path, e.error_number());
+    }
     const std::string written = hash_of(tmp);
     if (n != f->bytes || written != passing->hex()) {
       ::unlink(tmp.c_str());
@@ -220,11 +228,27 @@ json stage_data(const RunConfig& config, DataConfig& data, bool log) {
     if (log) spdlog::info("data.stage_dir: the synthetic data set reads no files; nothing staged");
     return staged;
   }
-  const std::string dir = config_path(config, data.stage_dir);
+  (void)config;
+  std::error_code ec;
+  const stdfs::path dir = stdfs::weakly_canonical(stdfs::absolute(data.stage_dir, ec), ec);
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &data.path},
                            {"data.eval_path", &data.eval_path}}) {
     if (path->empty()) continue;
-    const StageResult r = stage_path(*path, dir, key);
+    // A stage dir inside the source would be staged again with it, growing every start.
+    const stdfs::path source = stdfs::weakly_canonical(stdfs::absolute(*path, ec), ec);
+    const auto [mismatch, rest] =
+        std::mismatch(source.begin(), source.end(), dir.begin(), dir.end());
+    if (mismatch == source.end())
+      throw ConfigError("data.stage_dir " + dir.string() + " is inside " + key + " " + *path +
+                        ": it would be staged with the data; choose a directory outside it");
+    StageResult r;
+    try {
+      r = stage_path(*path, dir.string(), key);
+    } catch (const IoError& e) {
+      // Staging is set-up, like opening the data: a failure is the configuration's to fix.
+      throw ConfigError("data.stage_dir: cannot stage " + std::string(key) + " " + *path + " in " +
+                        dir.string() + " (" + e.what() + ")");
+    }
     if (log) spdlog::info("{}", r.describe(key));
     *path = r.copy;
     staged.push_back(r.to_json());

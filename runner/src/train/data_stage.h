@@ -44,9 +44,10 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
                        const std::string& key);
 
 /// data.stage_dir for a run: stages data.path, and data.eval_path when set, into
-/// config_path(data.stage_dir), points `data` at the copies and logs what it did (`log`).
-/// The synthetic data set reads no files: nothing is staged. Returns a to_json() per path.
-/// Throws as stage_path().
+/// data.stage_dir, points `data` at the copies and logs what it did (`log`). The synthetic
+/// data set reads no files: nothing is staged. Returns a to_json() per path. Throws
+/// ConfigError naming the key: a stage dir inside the source, a missing source, a copy that
+/// failed (a full disk: with the bytes it needs).
 nlohmann::json stage_data(const RunConfig& config, DataConfig& data, bool log);
 
 }  // namespace gpurun

@@ -344,7 +344,8 @@ TEST(Config, EveryMinutesTakesANumberOrAutoAndAutoSurvivesTheManifest) {
   EXPECT_DOUBLE_EQ(
       parse_config("", "run.yaml", {"checkpoint.every_minutes=7.5"}).checkpoint.every_minutes, 7.5);
   EXPECT_TRUE(contains(error_of("checkpoint:\n  every_minutes: atuo\n"),
-                       "checkpoint.every_minutes must be a number >= 0 or auto, got \"atuo\""));
+                       "checkpoint.every_minutes must be a number >= 0 or auto, got \"atuo\"; "
+                       "did you mean auto?"));
   EXPECT_TRUE(contains(error_of("checkpoint:\n  every_minutes: -1\n"),
                        "checkpoint.every_minutes must be a number >= 0 or auto, got -1"));
   EXPECT_TRUE(contains(error_of("checkpoint:\n  mtbf_hours: 0\n"), "checkpoint.mtbf_hours"));
