@@ -7,10 +7,6 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/output-archive.h>
 
-#include <sys/mman.h>
-
-#include <algorithm>
-#include <cstdint>
 #include <optional>
 #include <sstream>
 
@@ -27,26 +23,6 @@ using torch::optim::Optimizer;
 using torch::optim::OptimizerParamGroup;
 using torch::optim::OptimizerParamState;
 
-/// Maps every page of a fresh, untouched host buffer in one madvise(MADV_POPULATE_WRITE) per
-/// 16 MiB, spread over the intra-op threads, instead of one page fault per 4 KiB during the
-/// copy: about half of what a fresh buffer costs over a warm one. Linux 5.14 and later; an
-/// older kernel refuses the advice (EINVAL) and the copy faults the pages in as before.
-void populate(const at::Tensor& buffer) {
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, not in every libc's headers
-  constexpr uintptr_t kPage = 4096, kChunk = uintptr_t{16} << 20;
-  const auto begin = reinterpret_cast<uintptr_t>(buffer.data_ptr());
-  const uintptr_t first = (begin + kPage - 1) & ~(kPage - 1);
-  const uintptr_t last = (begin + buffer.nbytes()) & ~(kPage - 1);
-  if (last <= first + kChunk) return;  // small: the faults cost little
-  const auto chunks = static_cast<int64_t>((last - first + kChunk - 1) / kChunk);
-  at::parallel_for(0, chunks, 1, [&](int64_t from, int64_t to) {
-    for (int64_t c = from; c < to; ++c) {
-      const uintptr_t at = first + static_cast<uintptr_t>(c) * kChunk;
-      (void)::madvise(reinterpret_cast<void*>(at), std::min(kChunk, last - at), kPopulateWrite);
-    }
-  });
-}
-
 /// `buffer`, holding a copy of `live`: reused when it has live's shape and type, else
 /// allocated (pinned for a device's tensor, whose copy is then queued, non-blocking).
 at::Tensor copy_into(at::Tensor buffer, const at::Tensor& live, int64_t& bytes) {
@@ -57,7 +33,6 @@ at::Tensor copy_into(at::Tensor buffer, const at::Tensor& live, int64_t& bytes) 
     buffer =
         at::empty(source.sizes(),
                   source.options().device(at::kCPU).pinned_memory(device).requires_grad(false));
-    if (!device) populate(buffer);
   }
   buffer.copy_(source, /*non_blocking=*/device);
   bytes += static_cast<int64_t>(source.nbytes());
