@@ -1,9 +1,5 @@
 #include "report/file_writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -27,22 +23,13 @@ constexpr double kStalledSeconds = 10;
 /// Writes queued at most; more are dropped (and counted) until the storage catches up.
 constexpr size_t kMaxQueued = 100000;
 
-enum class Kind { kAppend, kReplace, kOverwrite };
+enum class Kind { kAppend, kReplace };
 
 struct Op {
   Kind kind;
   std::string path, data;
   Clock::time_point queued;
 };
-
-void overwrite_now(const std::string& path, const std::string& data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("open", path, errno);
-  const ssize_t ignored = ::write(fd, data.data(), data.size());
-  (void)ignored;  // a torn heartbeat reads as "unknown", which its readers handle
-  ::futimens(fd, nullptr);
-  ::close(fd);
-}
 
 }  // namespace
 
@@ -96,12 +83,6 @@ void BackgroundFileWriter::replace_file(const std::string& path, const std::stri
   shared_->changed.notify_all();
 }
 
-void BackgroundFileWriter::overwrite(const std::string& path, const std::string& data) {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  enqueue(shared_->queue, Kind::kOverwrite, path, data);
-  shared_->changed.notify_all();
-}
-
 bool BackgroundFileWriter::flush(double seconds) {
   std::unique_lock<std::mutex> lock(shared_->mutex);
   return shared_->changed.wait_for(lock, std::chrono::duration<double>(seconds),
@@ -139,9 +120,6 @@ void BackgroundFileWriter::loop(std::shared_ptr<Shared> s) {
           break;
         case Kind::kReplace:
           fs::replace_file(op.path, op.data);
-          break;
-        case Kind::kOverwrite:
-          overwrite_now(op.path, op.data);
           break;
       }
     } catch (const std::exception& e) {

@@ -1,9 +1,9 @@
-// The run directory's writes (metrics.jsonl, status.json, heartbeat files) from a background
-// thread, so that slow or hung storage under the run directory (an NFS mount that stopped
-// answering) never stalls training. Appends keep their order; a replaced file and a heartbeat
-// keep only their newest content while they wait. When the storage falls more than 10 s
-// behind, one warning says so, and one more when it caught up; a write that fails is warned
-// about once per file, and training goes on.
+// The run directory's writes (metrics.jsonl, status.json) from a background thread, so that
+// slow or hung storage under the run directory (an NFS mount that stopped answering) never
+// stalls training. Appends keep their order; a replaced file keeps only its newest content
+// while it waits. When the storage falls more than 10 s behind, one warning says so, and one
+// more when it caught up; a write that fails is warned about once per file, and training goes
+// on.
 #pragma once
 
 #include <memory>
@@ -24,9 +24,6 @@ class BackgroundFileWriter {
   void append_line(const std::string& path, const std::string& line);
   /// fs::replace_file(path, data) with the newest data given for `path` by then.
   void replace_file(const std::string& path, const std::string& data);
-  /// Truncates and writes `path` without fsync (a heartbeat: cheap, a torn read is tolerated),
-  /// with the newest data given for it by then.
-  void overwrite(const std::string& path, const std::string& data);
 
   /// Waits until everything queued so far is written, at most `seconds`; false on timeout.
   bool flush(double seconds);

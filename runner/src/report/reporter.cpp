@@ -199,7 +199,17 @@ void Reporter::write_heartbeat() {
   written_step_ = heartbeat_step_;
   // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
   // read_heartbeat_step() reports as -1.
-  files_->overwrite(heartbeat_path_, "step " + std::to_string(heartbeat_step_) + "\n");
+  // Written here, not by the background writer: a rank killed outright (SIGKILL, the OOM
+  // killer) a moment later must leave the step it reached for the launcher's report. It is
+  // one small write without fsync, at most once a second.
+  const std::string text = "step " + std::to_string(heartbeat_step_) + "\n";
+  const int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    const ssize_t ignored = ::write(fd, text.data(), text.size());
+    (void)ignored;
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
 }
 
 std::string heartbeat_path(const std::string& run_dir, int rank) {

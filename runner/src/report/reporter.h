@@ -2,8 +2,10 @@
 // metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
 // periodic lines when stderr is a file. On a terminal, every log line clears the progress
-// line first and draws it again after, so that the screen never keeps a stale one. The files
-// are written by a background thread (file_writer.h): slow storage never stalls training.
+// line first and draws it again after, so that the screen never keeps a stale one.
+// metrics.jsonl and status.json are written by a background thread (file_writer.h): slow
+// storage never stalls training over them. The heartbeat is written in place (no fsync, at
+// most once a second), so that a rank killed outright leaves the step it reached.
 #pragma once
 
 #include <chrono>
