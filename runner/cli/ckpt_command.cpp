@@ -101,32 +101,6 @@ void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& in
   }
 }
 
-// DIR's checkpoints, then those of its local tier when this machine holds one (each tier
-// keeps its own; `local_tier` in the JSON).
-int list(const CheckpointView& view, bool as_json, std::ostream& out) {
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
-  const std::string tier = local_tier_of(view, infos);
-  std::optional<CheckpointView> local;
-  std::vector<CheckpointInfo> local_infos;
-  if (!tier.empty()) {
-    local.emplace(tier);
-    local_infos = local->list(/*verify=*/false);
-  }
-  if (as_json) {
-    json j = list_json(view, infos);
-    j["local_tier"] = local ? list_json(*local, local_infos) : json(nullptr);
-    print_json(j, out);
-    return kExitOk;
-  }
-  if (local) out << "network tier " << view.dir() << ":\n";
-  list_text(view, infos, out);
-  if (local) {
-    out << "\nlocal tier " << local->dir() << ":\n";
-    list_text(*local, local_infos, out);
-  }
-  return kExitOk;
-}
-
 json verify_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
   json rows = json::array();
@@ -152,31 +126,46 @@ void verify_text(const CheckpointView& view, const std::vector<CheckpointInfo>& 
   }
 }
 
-// DIR's checkpoints, checksums included, then those of its local tier when this machine holds
-// one. The exit code is DIR's: whether a checkpoint there verifies.
-int verify(const CheckpointView& view, bool as_json, std::ostream& out) {
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/true);
-  const int code = CheckpointView::newest_complete(infos) ? kExitOk : kExitFailure;
+using TierJson = json (*)(const CheckpointView&, const std::vector<CheckpointInfo>&);
+using TierText = void (*)(const CheckpointView&, const std::vector<CheckpointInfo>&, std::ostream&);
+
+// Prints DIR's checkpoints (checksums checked with `verify`), then those of its local tier when
+// this machine holds one, each tier as it keeps them (`local_tier` in the JSON). Returns DIR's.
+std::vector<CheckpointInfo> print_tiers(const CheckpointView& view, bool verify, bool as_json,
+                                        std::ostream& out, TierJson to_json, TierText to_text) {
+  std::vector<CheckpointInfo> infos = view.list(verify);
   const std::string tier = local_tier_of(view, infos);
   std::optional<CheckpointView> local;
   std::vector<CheckpointInfo> local_infos;
   if (!tier.empty()) {
     local.emplace(tier);
-    local_infos = local->list(/*verify=*/true);
+    local_infos = local->list(verify);
   }
   if (as_json) {
-    json j = verify_json(view, infos);
-    j["local_tier"] = local ? verify_json(*local, local_infos) : json(nullptr);
+    json j = to_json(view, infos);
+    j["local_tier"] = local ? to_json(*local, local_infos) : json(nullptr);
     print_json(j, out);
-    return code;
+    return infos;
   }
   if (local) out << "network tier " << view.dir() << ":\n";
-  verify_text(view, infos, out);
+  to_text(view, infos, out);
   if (local) {
     out << "\nlocal tier " << local->dir() << ":\n";
-    verify_text(*local, local_infos, out);
+    to_text(*local, local_infos, out);
   }
-  return code;
+  return infos;
+}
+
+int list(const CheckpointView& view, bool as_json, std::ostream& out) {
+  print_tiers(view, /*verify=*/false, as_json, out, list_json, list_text);
+  return kExitOk;
+}
+
+// The exit code is DIR's: whether a checkpoint there verifies.
+int verify(const CheckpointView& view, bool as_json, std::ostream& out) {
+  const std::vector<CheckpointInfo> infos =
+      print_tiers(view, /*verify=*/true, as_json, out, verify_json, verify_text);
+  return CheckpointView::newest_complete(infos) ? kExitOk : kExitFailure;
 }
 
 void print_summary(const CheckpointInfo& info, std::ostream& out) {

@@ -396,10 +396,14 @@ void Checkpointer::report_copies() {
   }
 }
 
+bool Checkpointer::network_holds(int64_t global_step) const {
+  return copier_->copied_step() >= global_step || holds(store_, global_step);
+}
+
 void Checkpointer::settle_tiers(double seconds) {
   if (!copier_ || last_complete_step_ <= 0) return;
   const std::string name = folder_name(last_checkpoint_);
-  bool copied = copier_->copied_step() >= last_complete_step_ || holds(store_, last_complete_step_);
+  bool copied = network_holds(last_complete_step_);
   if (!copied) {
     spdlog::info("giving the network copy of {} up to {:.0f} s", name, std::max(seconds, 0.0));
     copied = seconds > 0 &&
@@ -441,7 +445,7 @@ void Checkpointer::finish(int64_t global_step) {
     const auto give_up = [this] {
       return stop_signal() != 0 || (lease_ && (lease_->lost() || lease_->expired()));
     };
-    copied = copier_->copied_step() >= global_step || holds(store_, global_step) ||
+    copied = network_holds(global_step) ||
              copier_->wait_for(global_step, config_.checkpoint.max_failures, 0, give_up);
     report_copies();
     if (!copied && stop_signal() != 0) {

@@ -82,9 +82,6 @@ class Checkpointer {
   /// with an assumed save cost at the start and again from the measured stalls.
   bool minutes_due() const;
 
-  /// The time-based save interval in seconds; 0: off.
-  double interval_seconds() const { return interval_seconds_; }
-
   /// Whether the state after `global_step` is saved already.
   bool saved(int64_t global_step) const { return last_saved_step_ == global_step; }
 
@@ -154,6 +151,8 @@ class Checkpointer {
   void check_lease() const;
   std::optional<LoadedCheckpoint> load_newest_of_tiers();
   void report_copies();
+  /// Whether --ckpt holds `global_step` or a later one: copied by this run, or found there.
+  bool network_holds(int64_t global_step) const;
   /// checkpoint.every_minutes auto: chooses interval_seconds_ again with the stalls measured so
   /// far and the background write time `write_seconds`; logs and reports a change.
   void choose_interval(double write_seconds);

@@ -90,9 +90,11 @@ std::string unreadable(const std::string& name, const IoError& e, ReadErrors rea
   return name + ": cannot be read (" + e.what() + ")";
 }
 
-// Reads and checks PATH/manifest.json into `info` (manifest, epoch, global step). Returns the
-// problem that makes the checkpoint incomplete, "" when the manifest is usable.
-std::string read_manifest(const std::string& path, ReadErrors read_errors, CheckpointInfo& info) {
+// Reads and checks PATH/manifest.json into `info` (manifest, epoch, global step), and its bytes
+// into `text` when given. Returns the problem that makes the checkpoint incomplete, "" when the
+// manifest is usable.
+std::string read_manifest(const std::string& path, ReadErrors read_errors, CheckpointInfo& info,
+                          std::string* text_out = nullptr) {
   const std::string manifest_path = join(path, kManifest);
   std::string text;
   try {
@@ -127,6 +129,29 @@ std::string read_manifest(const std::string& path, ReadErrors read_errors, Check
   }
   const auto files = m.find("files");
   if (files == m.end() || !files->is_object()) return "manifest.json: no files table";
+  if (text_out) *text_out = std::move(text);
+  return "";
+}
+
+// A file's entry in a manifest's files table.
+struct FileEntry {
+  int64_t bytes = 0;
+  std::string xxh3;
+};
+
+// Reads the manifest entry of file `name` into `out`; returns the problem with it, "" when it
+// is usable: a name that is not one plain path component (or is the manifest's own), or an
+// entry without an integer `bytes` and a string `xxh3`.
+std::string parse_entry(const std::string& name, const json& entry, FileEntry& out) {
+  if (!is_plain_name(name) || name == kManifest)
+    return "manifest.json: bad file name '" + name + "'";
+  const auto bytes = entry.find("bytes");
+  const auto xxh3 = entry.find("xxh3");
+  if (!entry.is_object() || bytes == entry.end() || !bytes->is_number_integer() ||
+      xxh3 == entry.end() || !xxh3->is_string()) {
+    return "manifest.json: bad entry for " + name;
+  }
+  out = {bytes->get<int64_t>(), xxh3->get<std::string>()};
   return "";
 }
 
@@ -135,16 +160,9 @@ std::string read_manifest(const std::string& path, ReadErrors read_errors, Check
 // there). Adds its size to `bytes`. Returns the problem, "" when it matches.
 std::string check_file(const std::string& path, const std::string& name, const json& entry,
                        Check check, ReadErrors read_errors, Files* keep, int64_t& bytes) {
-  if (!is_plain_name(name) || name == kManifest)
-    return "manifest.json: bad file name '" + name + "'";
-  const auto want_bytes = entry.find("bytes");
-  const auto want_xxh3 = entry.find("xxh3");
-  if (!entry.is_object() || want_bytes == entry.end() || !want_bytes->is_number_integer() ||
-      want_xxh3 == entry.end() || !want_xxh3->is_string()) {
-    return "manifest.json: bad entry for " + name;
-  }
+  FileEntry want;
+  if (std::string problem = parse_entry(name, entry, want); !problem.empty()) return problem;
   const std::string file_path = join(path, name);
-  const int64_t want = want_bytes->get<int64_t>();
   int64_t size = 0;
   std::string data, got;
   try {
@@ -170,13 +188,13 @@ std::string check_file(const std::string& path, const std::string& name, const j
   }
   if (size < 0) return name + ": missing";
   bytes += size;
-  if (size != want) {
-    return name + ": size " + std::to_string(size) + " != " + std::to_string(want) + " in manifest";
+  if (size != want.bytes) {
+    return name + ": size " + std::to_string(size) + " != " + std::to_string(want.bytes) +
+           " in manifest";
   }
   if (check == Check::kChecksums) {
-    if (got != want_xxh3->get<std::string>()) {
-      return name + ": xxh3 mismatch (file " + got + ", manifest " + want_xxh3->get<std::string>() +
-             ")";
+    if (got != want.xxh3) {
+      return name + ": xxh3 mismatch (file " + got + ", manifest " + want.xxh3 + ")";
     }
     if (keep) keep->emplace_back(name, std::move(data));
   }
@@ -418,45 +436,40 @@ SaveResult CheckpointStore::copy_from(const std::string& folder) {
   CheckpointInfo source;
   source.path = folder;
   source.name = stdfs::path(folder).lexically_normal().filename().string();
-  const std::string problem = read_manifest(folder, ReadErrors::kThrow, source);
+  // The manifest travels unchanged: both tiers then describe the same checkpoint, byte for byte.
+  std::string manifest_text;
+  const std::string problem = read_manifest(folder, ReadErrors::kThrow, source, &manifest_text);
   if (!problem.empty() || !is_checkpoint_folder_name(source.name)) {
     throw ResumeError("checkpoint " + folder + " cannot be copied: " +
                       (problem.empty() ? "not a checkpoint folder name" : problem));
   }
   const json& files = source.manifest.at("files");
-  // The manifest travels unchanged: both tiers then describe the same checkpoint, byte for byte.
-  const std::string manifest_text = fs::read_file(join(folder, kManifest));
-  return commit(
-      source.name, files, {"copy_before_rename", "copy_before_latest", ++copies_},
-      [&](const std::string& tmp) {
-        int64_t bytes = 0;
-        for (const auto& [file_name, entry] : files.items()) {
-          const auto want_bytes = entry.find("bytes");
-          const auto want_xxh3 = entry.find("xxh3");
-          if (!is_plain_name(file_name) || file_name == kManifest || !entry.is_object() ||
-              want_bytes == entry.end() || !want_bytes->is_number_integer() ||
-              want_xxh3 == entry.end() || !want_xxh3->is_string()) {
-            throw ResumeError("checkpoint " + folder +
-                              " cannot be copied: manifest.json: bad entry for " + file_name);
-          }
-          // Checked as the bytes pass, so the copy reads the source once and never spreads a
-          // file damaged since it was written.
-          std::optional<Xxh3> hash;
-          const int64_t n = fs::with_retries([&] {
-            hash.emplace();
-            return fs::copy_file(join(folder, file_name), join(tmp, file_name),
-                                 [&](const char* data, size_t size) { hash->update(data, size); });
-          });
-          if (n != want_bytes->get<int64_t>() || hash->hex() != want_xxh3->get<std::string>()) {
-            throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
-                              " does not match its manifest (" + std::to_string(n) +
-                              " bytes, xxh3 " + hash->hex() + ")");
-          }
-          bytes += n;
-        }
-        fs::write_file(join(tmp, kManifest), manifest_text);
-        return bytes;
-      });
+  return commit(source.name, files, {"copy_before_rename", "copy_before_latest", ++copies_},
+                [&](const std::string& tmp) {
+                  int64_t bytes = 0;
+                  for (const auto& [file_name, entry] : files.items()) {
+                    FileEntry want;
+                    if (std::string bad = parse_entry(file_name, entry, want); !bad.empty())
+                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + bad);
+                    // Checked as the bytes pass, so the copy reads the source once and never
+                    // spreads a file damaged since it was written.
+                    std::optional<Xxh3> hash;
+                    const int64_t n = fs::with_retries([&] {
+                      hash.emplace();
+                      return fs::copy_file(
+                          join(folder, file_name), join(tmp, file_name),
+                          [&](const char* data, size_t size) { hash->update(data, size); });
+                    });
+                    if (n != want.bytes || hash->hex() != want.xxh3) {
+                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
+                                        " does not match its manifest (" + std::to_string(n) +
+                                        " bytes, xxh3 " + hash->hex() + ")");
+                    }
+                    bytes += n;
+                  }
+                  fs::write_file(join(tmp, kManifest), manifest_text);
+                  return bytes;
+                });
 }
 
 SaveResult CheckpointStore::commit(const std::string& name, const json& files,

@@ -70,8 +70,6 @@ TierCopier::~TierCopier() {
   // The thread holds its own reference to the shared state and ends after its copy.
 }
 
-const CheckpointStore& TierCopier::network() const { return *shared_->network; }
-
 void TierCopier::offer(const std::string& folder, int64_t global_step) {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   if (global_step <= shared_->copied_step) return;

@@ -44,8 +44,6 @@ class TierCopier {
   TierCopier(const TierCopier&) = delete;
   TierCopier& operator=(const TierCopier&) = delete;
 
-  const CheckpointStore& network() const;
-
   /// Asks for `folder` (a complete local checkpoint of `global_step`) to be copied. It
   /// replaces one still waiting; an older step than one already copied is ignored.
   void offer(const std::string& folder, int64_t global_step);

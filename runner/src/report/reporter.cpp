@@ -131,8 +131,6 @@ Reporter::~Reporter() {
         if (wrapped->inner() == original) sink = original;
 }
 
-bool Reporter::flush(double seconds) { return files_->flush(seconds); }
-
 void Reporter::event(const std::string& name, nlohmann::json fields) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   flush_heartbeat();

@@ -66,10 +66,6 @@ class Reporter {
   /// Writes the last step given to heartbeat() when the file does not hold it yet.
   void flush_heartbeat();
 
-  /// Waits until every file write asked for so far is done, at most `seconds`; false on
-  /// timeout (the storage is slow or hung).
-  bool flush(double seconds);
-
   /// Erases an in-place progress line for good (until the next progress()): before the run's
   /// last words, so that no progress line is drawn after them.
   void end_progress();

@@ -222,13 +222,12 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
   return result;
 }
 
-json stage_data(const RunConfig& config, DataConfig& data, bool log) {
+json stage_data(DataConfig& data, bool log) {
   json staged = json::array();
   if (data.name == "synthetic") {
     if (log) spdlog::info("data.stage_dir: the synthetic data set reads no files; nothing staged");
     return staged;
   }
-  (void)config;
   std::error_code ec;
   const stdfs::path dir = stdfs::weakly_canonical(stdfs::absolute(data.stage_dir, ec), ec);
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &data.path},

@@ -48,6 +48,6 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
 /// data set reads no files: nothing is staged. Returns a to_json() per path. Throws
 /// ConfigError naming the key: a stage dir inside the source, a missing source, a copy that
 /// failed (a full disk: with the bytes it needs).
-nlohmann::json stage_data(const RunConfig& config, DataConfig& data, bool log);
+nlohmann::json stage_data(DataConfig& data, bool log);
 
 }  // namespace gpurun

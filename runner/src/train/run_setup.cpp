@@ -40,7 +40,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   DataConfig data = config.data;
-  if (!data.stage_dir.empty()) s.data_stage = stage_data(config, data, local_rank == 0);
+  if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   s.model = config.model.torchscript.empty()

@@ -130,7 +130,7 @@ class Trainer {
       checkpointer_.claim_directory();
       const auto read_start = Clock::now();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
-      read_seconds_ = seconds_since(read_start);
+      const double read_seconds = seconds_since(read_start);
       // Refused before any probe: planning takes device time, and a refused resume needs none.
       if (loaded) check_resumable(*loaded);
       std::optional<MemoryPlan> saved;
@@ -145,7 +145,7 @@ class Trainer {
       total_steps_ = steps_per_epoch_ * config_.train.epochs;
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
-      resume_or_start(loaded);
+      resume_or_start(loaded, read_seconds);
       if (comm_) {
         // As DDP does: every rank starts from rank 0's weights, whatever the model's init does.
         std::vector<at::Tensor> tensors;
@@ -315,7 +315,8 @@ class Trainer {
 
   /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
   /// loop position, or starts fresh.
-  void resume_or_start(const std::optional<LoadedCheckpoint>& loaded) {
+  /// `read_seconds`: choosing, reading and verifying `loaded`.
+  void resume_or_start(const std::optional<LoadedCheckpoint>& loaded, double read_seconds) {
     if (!options_.resume) {
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
       return;
@@ -369,7 +370,7 @@ class Trainer {
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"bytes", loaded->info.bytes},
-                               {"read_seconds", read_seconds_},
+                               {"read_seconds", read_seconds},
                                {"restore_seconds", restore_seconds},
                                {"epoch", epoch_},
                                {"global_step", global_step_},
@@ -673,7 +674,6 @@ class Trainer {
   nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
   Reporter reporter_;
   Checkpointer checkpointer_;
-  double read_seconds_ = 0;  ///< choosing, reading and verifying the checkpoint resumed from
   SampleTrace trace_;
   PeakParts peaks_;                                 ///< this epoch's peak of each part
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
