@@ -132,10 +132,11 @@ Reporter::~Reporter() {
 }
 
 void Reporter::event(const std::string& name, nlohmann::json fields) {
+  const double now = unix_seconds();  // before the heartbeat's write, which may take a while
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   flush_heartbeat();
   if (!enabled_) return;
-  nlohmann::json line = {{"event", name}, {"time", unix_seconds()}};
+  nlohmann::json line = {{"event", name}, {"time", now}};
   line.update(fields);
   // A full, read-only or hung disk must not stop training over its log (the writer warns);
   // the checkpoints on it report their own failures (checkpoint.max_failures).

@@ -39,7 +39,9 @@ class Reporter {
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
-  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl. On every
+  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl. "time" is the
+  /// call's moment unless `fields` has its own (the moment the caller measured, e.g. a step's
+  /// end, so that rates computed from the times agree with the rates reported). On every
   /// rank, first brings the heartbeat up to date (flush_heartbeat): an event marks a moment
   /// (a save, a stop, the end) whose step the launcher may report.
   void event(const std::string& name, nlohmann::json fields);

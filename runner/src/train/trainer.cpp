@@ -159,8 +159,10 @@ class Trainer {
       set_immediate_stop_action([this](int sig) { stop_now(sig); });
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
       session_start_ = interval_start_ = Clock::now();
+      const double start_time = unix_seconds();
       session_first_step_ = global_step_;
       nlohmann::json plan_event = plan_.to_json();
+      plan_event["time"] = start_time;
       if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
       reporter_.event("plan", plan_event);
       reporter_.status({{"state", "running"},
@@ -543,6 +545,7 @@ class Trainer {
     interval_loss_ += loss * window;
     last_loss_ = loss;
     const auto step_end = Clock::now();
+    const double step_end_time = unix_seconds();
     const double eta = eta_seconds(step_end);
     // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
     const bool epoch_end = position_ >= data_.train->size();
@@ -558,7 +561,8 @@ class Trainer {
                              {"global_step", global_step_},
                              {"loss", mean_loss},
                              {"lr", lr_},
-                             {"samples_per_second", throughput_}};
+                             {"samples_per_second", throughput_},
+                             {"time", step_end_time}};  // the moment the rate is measured to
     fields["eta_seconds"] = eta;
     if (comm_) {
       // What the gradient synchronisation moved per optimizer step since the last report.
