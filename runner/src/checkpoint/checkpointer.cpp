@@ -293,6 +293,11 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
   report_finished();
 }
 
+void Checkpointer::keep_host_buffers(bool keep) {
+  writer_.wait();
+  copy_->keep_buffers(keep);
+}
+
 void Checkpointer::report_finished() {
   for (WriteOutcome& o : writer_.finished()) {
     const int64_t step = o.meta.global_step;

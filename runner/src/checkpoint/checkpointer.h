@@ -94,6 +94,10 @@ class Checkpointer {
   void save(CheckpointMeta meta, const torch::nn::Module& model,
             torch::optim::Optimizer& optimizer);
 
+  /// Whether a CPU run's host copy of the state stays from save to save (the memory plan's
+  /// MeasuredPeaks::checkpoint_buffers); waits for the write in flight, which reads it.
+  void keep_host_buffers(bool keep);
+
   /// Reports the background writes that finished: a `checkpoint` event for each success; for
   /// a failure an error that keeps training going (the last complete checkpoint is untouched)
   /// until checkpoint.max_failures saves in a row have failed, then throws Error. Then, on

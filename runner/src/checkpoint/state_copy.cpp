@@ -164,11 +164,18 @@ void HostStateCopy::build(CheckpointSnapshot& snapshot) {
   snapshot.files.emplace_back("optim.pt", optim.str());
   snapshot.files.emplace_back("trainer.pt", pickle_tensors(rng_));
   rng_.clear();
-  if (!on_device_) {
-    // A CPU run's buffers are its device memory: they go, as the plan expects.
-    weights_.clear();
-    optimizer_.reset();
-  }
+  // A CPU run's buffers are its device memory: they stay only where the plan counts them.
+  if (!on_device_ && !keep_) release();
+}
+
+void HostStateCopy::keep_buffers(bool keep) {
+  keep_ = keep;
+  if (!on_device_ && !keep_) release();
+}
+
+void HostStateCopy::release() {
+  weights_.clear();
+  optimizer_.reset();
 }
 
 }  // namespace gpurun

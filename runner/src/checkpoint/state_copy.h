@@ -32,9 +32,10 @@ class HostStateCopy {
   /// process_rng_states() and the other ranks' ones, named as in trainer.pt) into host buffers.
   /// Buffers for a device's tensors are pinned and reused from save to save; the copies are
   /// queued on the device's current stream, so training goes on at once and its next kernels
-  /// run after them (build() waits for them). CPU tensors are copied into fresh buffers, which
-  /// build() releases: host memory is the CPU run's device memory, which the plan fitted
-  /// without them. Must not be called while a build() of the previous copy is running.
+  /// run after them (build() waits for them). CPU tensors are copied into buffers that build()
+  /// releases unless keep_buffers(true): host memory is the CPU run's device memory, and the
+  /// plan decides whether they fit between saves (MeasuredPeaks::checkpoint_buffers). Must not
+  /// be called while a build() of the previous copy is running.
   /// Throws ConfigError for an optimizer other than SGD, Adam and AdamW.
   void copy(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
             NamedTensors rng_states);
@@ -43,6 +44,11 @@ class HostStateCopy {
   /// meta.threads and meta.cpu_capability from the last copy(). Any thread.
   void build(CheckpointSnapshot& snapshot);
 
+  /// Whether a CPU run's buffers stay from save to save (a save into memory that is already
+  /// there stalls training for a warm copy only); false (the default) releases them after
+  /// each build(), and at once. Must not be called while a build() is running.
+  void keep_buffers(bool keep);
+
   /// Bytes of tensor data the last copy() copied.
   int64_t copied_bytes() const { return copied_bytes_; }
 
@@ -50,11 +56,14 @@ class HostStateCopy {
   struct OptimizerCopy;
 
  private:
+  void release();  ///< frees the buffers
+
   NamedTensors weights_;  ///< state_dict order
   NamedTensors rng_;
   std::unique_ptr<OptimizerCopy> optimizer_;
   std::unique_ptr<c10::Event> copied_;  ///< recorded after a device's copies; null on the CPU
   bool on_device_ = false;
+  bool keep_ = false;  ///< keep_buffers()
   int threads_ = 0;  ///< at::get_num_threads() of the training thread at copy()
   int64_t copied_bytes_ = 0;
 };

@@ -99,9 +99,11 @@ NamedTensors trainer_rng_states(const torch::nn::Module& model,
 
 CheckpointSnapshot capture_state(const torch::nn::Module& model,
                                  const torch::optim::Optimizer& optimizer, CheckpointMeta meta,
-                                 const std::vector<NamedTensors>& rank_rng_states) {
+                                 const std::vector<NamedTensors>& rank_rng_states,
+                                 int64_t* copied_bytes) {
   HostStateCopy copy;
   copy.copy(model, optimizer, trainer_rng_states(model, rank_rng_states));
+  if (copied_bytes) *copied_bytes = copy.copied_bytes();
   CheckpointSnapshot snapshot;
   snapshot.meta = std::move(meta);
   copy.build(snapshot);

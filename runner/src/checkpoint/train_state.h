@@ -41,10 +41,12 @@ NamedTensors trainer_rng_states(const torch::nn::Module& model,
 
 /// A checkpoint of `model`, `optimizer` and trainer_rng_states() in one call on this thread
 /// (HostStateCopy's copy() then build()); `meta` gets the model digest, thread count and CPU
-/// capability filled in. The memory probe and tests take it; the trainer's saves split it.
+/// capability filled in; `copied_bytes`, when given, the bytes of tensor data copied. The
+/// memory probe and tests take it; the trainer's saves split it.
 CheckpointSnapshot capture_state(const torch::nn::Module& model,
                                  const torch::optim::Optimizer& optimizer, CheckpointMeta meta,
-                                 const std::vector<NamedTensors>& rank_rng_states = {});
+                                 const std::vector<NamedTensors>& rank_rng_states = {},
+                                 int64_t* copied_bytes = nullptr);
 
 /// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so
 /// the optimizer's references stay valid), `optimizer` and rank `rank`'s generators (the CPU

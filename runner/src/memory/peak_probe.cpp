@@ -210,8 +210,9 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
     auto optimizer = after_one_step(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
-    snapshot = capture_state(model_, *optimizer, CheckpointMeta{});
+    snapshot = capture_state(model_, *optimizer, CheckpointMeta{}, {}, &probes.copy_bytes);
     probes.capture.step_seconds = seconds_since(start);
+    if (!device_.is_cpu()) probes.copy_bytes = 0;  // pinned host memory, not the device's
   } catch (const c10::OutOfMemoryError& e) {
     probes.capture.out_of_memory = true;
   }

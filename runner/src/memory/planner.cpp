@@ -109,29 +109,37 @@ void require_fits(const PlanRequest& req, const Probe& p, const std::string& par
 }
 
 struct Part {
-  const char* key;    ///< in JSON
-  const char* words;  ///< in messages
-  int64_t bytes;
+  const char* key;     ///< in JSON
+  const char* words;   ///< in messages
+  int64_t bytes;       ///< as probed
+  bool between_saves;  ///< runs while the checkpoint buffers are held
 };
 
 /// The parts of a run in the order it meets them.
 std::vector<Part> parts(const MeasuredPeaks& m) {
-  return {{"training", "training steps", m.training},
-          {"evaluation", "evaluation", m.evaluation},
-          {"checkpoint_capture", "checkpoint capture", m.checkpoint_capture},
-          {"resume_loading", "resume loading", m.resume_loading}};
+  return {{"training", "training steps", m.training, true},
+          {"evaluation", "evaluation", m.evaluation, true},
+          {"checkpoint_capture", "checkpoint capture", m.checkpoint_capture, false},
+          {"resume_loading", "resume loading", m.resume_loading, false}};
+}
+
+/// A part's peak in the run: training and evaluation run with the checkpoint buffers held.
+int64_t in_run(const MeasuredPeaks& m, const Part& p) {
+  return p.bytes > 0 && p.between_saves ? p.bytes + m.checkpoint_buffers : p.bytes;
 }
 
 }  // namespace
 
 int64_t MeasuredPeaks::largest() const {
-  return std::max({training, evaluation, checkpoint_capture, resume_loading});
+  int64_t top = 0;
+  for (const Part& p : parts(*this)) top = std::max(top, in_run(*this, p));
+  return top;
 }
 
 std::string MeasuredPeaks::largest_part() const {
   const int64_t top = largest();
   for (const Part& p : parts(*this))
-    if (top > 0 && p.bytes == top) return p.key;
+    if (top > 0 && in_run(*this, p) == top) return p.key;
   return "";
 }
 
@@ -143,6 +151,8 @@ std::string MeasuredPeaks::to_string() const {
     if (!out.empty()) out += ", ";
     out += std::string(p.words) + " " + format_bytes(p.bytes) + (p.key == top ? " (largest)" : "");
   }
+  if (checkpoint_buffers > 0 && !out.empty())
+    out += ", + " + format_bytes(checkpoint_buffers) + " checkpoint buffers kept between saves";
   return out;
 }
 
@@ -150,6 +160,7 @@ nlohmann::json MeasuredPeaks::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (const Part& p : parts(*this))
     if (p.bytes > 0) j[p.key] = p.bytes;
+  if (checkpoint_buffers > 0) j["checkpoint_buffers"] = checkpoint_buffers;
   return j;
 }
 
@@ -160,6 +171,7 @@ MeasuredPeaks MeasuredPeaks::from_json(const nlohmann::json& j) {
   m.evaluation = j.value("evaluation", int64_t{0});
   m.checkpoint_capture = j.value("checkpoint_capture", int64_t{0});
   m.resume_loading = j.value("resume_loading", int64_t{0});
+  m.checkpoint_buffers = j.value("checkpoint_buffers", int64_t{0});
   return m;
 }
 
@@ -296,6 +308,19 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
                "and optimizer");
   plan.measured.checkpoint_capture = c.capture.peak_bytes;
   plan.measured.resume_loading = c.resume.peak_bytes;
+  if (c.copy_bytes > 0) {
+    const int64_t between_saves =
+        std::max(plan.measured.training, plan.measured.evaluation) + c.copy_bytes;
+    if (between_saves <= usable_bytes(req))
+      plan.measured.checkpoint_buffers = c.copy_bytes;
+    else
+      spdlog::info(
+          "the checkpoint's copy of the state ({}) is released after every save: kept between "
+          "saves it would not fit next to training and evaluation ({} of {} usable), so every "
+          "save allocates it again (a longer stall)",
+          format_bytes(c.copy_bytes), format_bytes(between_saves),
+          format_bytes(usable_bytes(req)));
+  }
   plan.measured_peak_bytes = plan.measured.largest();
   plan.validate();
   return plan;
@@ -310,6 +335,7 @@ MemoryPlan halve_micro_batch(const MemoryPlan& plan) {
     next.accumulation_steps = per_rank / d;
     next.measured_peak_bytes = 0;
     next.measured.training = 0;
+    next.measured.checkpoint_buffers = 0;
     next.reason = "out of memory at micro-batch " + std::to_string(plan.micro_batch);
     next.validate();
     return next;

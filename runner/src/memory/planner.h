@@ -36,16 +36,24 @@ struct MeasuredPeaks {
   int64_t evaluation = 0;          ///< evaluation at the plan's eval batch, between steps
   int64_t checkpoint_capture = 0;  ///< copying model, optimizer and RNG state for a checkpoint
   int64_t resume_loading = 0;      ///< loading a checkpoint into the model and a new optimizer
+  /// Not a part of its own: the bytes a CPU run's checkpoint copy keeps between saves, in the
+  /// device's memory during training and evaluation; 0 when the copy is released after each
+  /// save (it did not fit next to them) or lives outside the device (a GPU run's pinned host
+  /// buffers).
+  int64_t checkpoint_buffers = 0;
 
-  /// The largest part: the peak of the run as a whole.
+  /// The largest part (training and evaluation with checkpoint_buffers added): the peak of the
+  /// run as a whole.
   int64_t largest() const;
   /// The name of the largest part ("training", "evaluation", "checkpoint_capture",
   /// "resume_loading"), as in to_json(); "" when nothing was measured.
   std::string largest_part() const;
   /// "training steps 35.7 MiB, evaluation 104.2 MiB (largest), ...": the measured parts in the
-  /// order a run meets them; "" when none was measured.
+  /// order a run meets them, then "+ 12.0 MiB checkpoint buffers kept between saves" when
+  /// there are; "" when none was measured.
   std::string to_string() const;
-  /// {"training": bytes, ...}: the parts that were measured (non-zero) only.
+  /// {"training": bytes, ...}: the parts that were measured (non-zero) only, as probed (without
+  /// checkpoint_buffers, which is its own key when non-zero).
   nlohmann::json to_json() const;
   /// Inverse of to_json(); a missing part reads 0.
   static MeasuredPeaks from_json(const nlohmann::json& j);
@@ -95,6 +103,9 @@ using EvalProbeFn = std::function<Probe(int64_t eval_batch, const MemoryPlan& tr
 struct CheckpointProbes {
   Probe capture;
   Probe resume;
+  /// Bytes of the capture's copy that live in the device's memory: on the CPU the whole copy
+  /// (weights, optimizer state and random state), 0 on a GPU (its copy is pinned host memory).
+  int64_t copy_bytes = 0;
 };
 using CheckpointProbeFn = std::function<CheckpointProbes(const MemoryPlan& train_plan)>;
 
@@ -112,6 +123,10 @@ std::vector<int64_t> divisors_descending(int64_t n);
 /// until it fits (only the eval batch shrinks for an eval-only excess). Checkpoint capture and
 /// resume loading are probed last; no setting of the plan changes them (they hold the weights,
 /// gradients and optimizer state, not activations), so they must fit as they are.
+/// A CPU run keeps its checkpoint copy between saves (measured.checkpoint_buffers, so that a
+/// save copies into memory that is already there, a shorter stall) when training and
+/// evaluation still fit with it; otherwise the copy is released after each save, and the plan
+/// says so in the log.
 /// measured_peak_bytes is the largest of the four parts, which `measured` holds.
 /// Throws ConfigError when nothing fits, even micro-batch 1 with checkpointing, naming the
 /// need and the capacity in bytes and the smallest common card that would fit; and when
@@ -122,7 +137,8 @@ MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_pro
 
 /// The next smaller micro-batch after an out-of-memory error during training: the largest
 /// divisor of global/world that is at most micro/2, accumulation raised to keep the global
-/// batch; the training part of `measured` is unknown again (0). Throws the ConfigError of
+/// batch; the training part of `measured` is unknown again (0), and the checkpoint buffers are
+/// no longer kept between saves (measured.checkpoint_buffers 0: they may be what ran out). Throws the ConfigError of
 /// choose_plan when micro is already 1.
 MemoryPlan halve_micro_batch(const MemoryPlan& plan);
 

@@ -137,6 +137,7 @@ class Trainer {
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
       plan_ = make_plan(config_, session_, world_, saved, agreement());
+      checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
       log_plan();
       params_ = model_->parameters();
       optimizer_ = make_optimizer(config_.optim, params_);
@@ -499,9 +500,10 @@ class Trainer {
   void shrink_after_oom() {
     hog_ = at::Tensor();  // a test fault's memory goes with the failure it caused
     release_gradients();
+    MemoryPlan smaller = halve_micro_batch(plan_);
+    checkpointer_.keep_host_buffers(smaller.measured.checkpoint_buffers > 0);
     // What the failed attempt cached goes back to the device before the smaller one runs.
     session_.meter->release_cached();
-    MemoryPlan smaller = halve_micro_batch(plan_);
     reporter_.end_progress();
     spdlog::warn(
         "out of memory at global step {} with micro-batch {}{}; memory back to {}; "

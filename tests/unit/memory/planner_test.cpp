@@ -13,6 +13,7 @@ struct Device {
   double checkpoint_activation_factor = 0.4, checkpoint_time_factor = 1.3;
   int64_t eval_per_sample = 20;
   int64_t capture_extra = 200, resume_extra = 300;  // beyond `fixed`, whatever the plan
+  int64_t copy_bytes = 0;                           // a CPU run's checkpoint copy
   int calls = 0;
   std::vector<std::pair<int64_t, bool>> probed;
 
@@ -38,6 +39,7 @@ struct Device {
     CheckpointProbes c;
     c.capture.peak_bytes = fixed + capture_extra;
     c.resume.peak_bytes = fixed + resume_extra;
+    c.copy_bytes = copy_bytes;
     return c;
   }
 };
@@ -187,6 +189,39 @@ TEST(Planner, MeasuredPeakIsTheLargestPart) {
   p = plan_for(d, request(100000));
   EXPECT_EQ(p.measured_peak_bytes, 10000);
   EXPECT_EQ(p.measured.largest_part(), "checkpoint_capture");
+}
+
+// A CPU run's checkpoint copy stays between saves when training and evaluation fit with it
+// (then they count it, and the plan's peak is training + the copy), and is released after every
+// save when they do not: the micro-batch is never made smaller for it, and an out-of-memory
+// halving releases it.
+TEST(Planner, CheckpointBuffersAreKeptOnlyWhereTrainingAndEvaluationFitWithThem) {
+  Device d;
+  d.copy_bytes = 700;  // training 7400, evaluation 2280, capture 1200, resume 1300
+  MemoryPlan p = plan_for(d, request(8100));
+  EXPECT_EQ(p.micro_batch, 64);
+  EXPECT_EQ(p.measured.checkpoint_buffers, 700);
+  EXPECT_EQ(p.measured_peak_bytes, 8100);
+  EXPECT_EQ(p.measured.largest_part(), "training");
+  EXPECT_EQ(p.to_json()["measured_peaks"]["checkpoint_buffers"], 700);
+  EXPECT_EQ(p.to_json()["measured_peaks"]["training"], 7400) << "as probed";
+  EXPECT_NE(p.measured.to_string().find("checkpoint buffers kept between saves"), std::string::npos)
+      << p.measured.to_string();
+  EXPECT_EQ(MemoryPlan::from_json(p.to_json()).measured.checkpoint_buffers, 700);
+
+  p = plan_for(d, request(8099));
+  EXPECT_EQ(p.micro_batch, 64) << "the micro-batch does not shrink for the copy";
+  EXPECT_EQ(p.measured.checkpoint_buffers, 0);
+  EXPECT_EQ(p.measured_peak_bytes, 7400);
+  EXPECT_FALSE(p.to_json()["measured_peaks"].contains("checkpoint_buffers"));
+
+  d.eval_per_sample = 200;  // evaluation 13800: the largest part with the copy too
+  p = plan_for(d, request(100000));
+  EXPECT_EQ(p.measured_peak_bytes, 14500);
+  EXPECT_EQ(p.measured.largest_part(), "evaluation");
+
+  p = plan_for(d, request(100000));
+  EXPECT_EQ(halve_micro_batch(p).measured.checkpoint_buffers, 0);
 }
 
 // Training and evaluation shrink to fit; checkpoint capture and resume loading cannot, and the
