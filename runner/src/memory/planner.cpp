@@ -318,8 +318,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
           "the checkpoint's copy of the state ({}) is released after every save: kept between "
           "saves it would not fit next to training and evaluation ({} of {} usable), so every "
           "save allocates it again (a longer stall)",
-          format_bytes(c.copy_bytes), format_bytes(between_saves),
-          format_bytes(usable_bytes(req)));
+          format_bytes(c.copy_bytes), format_bytes(between_saves), format_bytes(usable_bytes(req)));
   }
   plan.measured_peak_bytes = plan.measured.largest();
   plan.validate();

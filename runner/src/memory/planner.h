@@ -138,8 +138,8 @@ MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_pro
 /// The next smaller micro-batch after an out-of-memory error during training: the largest
 /// divisor of global/world that is at most micro/2, accumulation raised to keep the global
 /// batch; the training part of `measured` is unknown again (0), and the checkpoint buffers are
-/// no longer kept between saves (measured.checkpoint_buffers 0: they may be what ran out). Throws the ConfigError of
-/// choose_plan when micro is already 1.
+/// no longer kept between saves (measured.checkpoint_buffers 0: they may be what ran out). Throws
+/// the ConfigError of choose_plan when micro is already 1.
 MemoryPlan halve_micro_batch(const MemoryPlan& plan);
 
 /// Common rental GPU sizes in bytes (24, 48, 80 and 141 GB cards and smaller ones).
