@@ -64,7 +64,7 @@ class HostStateCopy {
   std::unique_ptr<c10::Event> copied_;  ///< recorded after a device's copies; null on the CPU
   bool on_device_ = false;
   bool keep_ = false;  ///< keep_buffers()
-  int threads_ = 0;  ///< at::get_num_threads() of the training thread at copy()
+  int threads_ = 0;    ///< at::get_num_threads() of the training thread at copy()
   int64_t copied_bytes_ = 0;
 };
 
