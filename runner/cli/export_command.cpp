@@ -72,8 +72,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
 
   const LoadedCheckpoint checkpoint = choose(ckpt_dir);
   const CheckpointMeta& meta = checkpoint.meta;
-  const std::string& model_pt = checkpoint.file("model.pt");
-  const NamedTensors weights = unpickle_tensors(model_pt, checkpoint.info.path + "/model.pt");
+  const NamedTensors weights = load_model_tensors(checkpoint);
   if (digest_of(weights) != meta.model_digest)
     throw ResumeError(checkpoint.info.path +
                       "/model.pt does not match the manifest's model_digest " + meta.model_digest);
@@ -81,7 +80,8 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
   const std::string module = torchscript_source(meta);
   std::string format = "state_dict (torch.load)";
   if (module.empty()) {
-    fs::replace_file(to, model_pt);
+    // The verified file as it is, byte for byte.
+    fs::replace_file(to, fs::read_file(checkpoint.info.path + "/model.pt"));
   } else {
     if (!stdfs::is_regular_file(module, ec))
       throw ConfigError("gpurun export: " + checkpoint.info.name +

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -156,32 +157,24 @@ std::string parse_entry(const std::string& name, const json& entry, FileEntry& o
 }
 
 // Checks the file `name` of the checkpoint folder `path` against its manifest `entry`: its
-// size, and with kChecksums its xxh3 (the file is read once; with `keep` its bytes are appended
-// there). Adds its size to `bytes`. Returns the problem, "" when it matches.
+// size, and with kChecksums its xxh3 (the file is read once, in chunks, never all of it in
+// memory). Adds its size to `bytes`. Returns the problem, "" when it matches.
 std::string check_file(const std::string& path, const std::string& name, const json& entry,
-                       Check check, ReadErrors read_errors, Files* keep, int64_t& bytes) {
+                       Check check, ReadErrors read_errors, int64_t& bytes) {
   FileEntry want;
   if (std::string problem = parse_entry(name, entry, want); !problem.empty()) return problem;
   const std::string file_path = join(path, name);
   int64_t size = 0;
-  std::string data, got;
+  std::string got;
   try {
     // Before any read: a directory or a FIFO where a file belongs is damage (and a FIFO would
     // block the read).
     const fs::FileStatus status = fs::status(file_path);
     if (status.size >= 0 && !status.regular) return name + ": not a regular file";
-    if (check == Check::kSizes) {
+    if (check == Check::kSizes)
       size = status.size;
-    } else if (!keep) {
+    else
       std::tie(size, got) = xxh3_file(file_path);
-    } else {
-      // Hashed as it is read, while the bytes are in the cache: one pass over the file.
-      std::optional<Xxh3> hash;
-      data = fs::read_file(
-          file_path, [&](const char* p, size_t n) { hash->update(p, n); }, [&] { hash.emplace(); });
-      size = static_cast<int64_t>(data.size());
-      got = hash->hex();
-    }
   } catch (const IoError& e) {
     if (e.error_number() != ENOENT) return unreadable(name, e, read_errors);
     size = -1;
@@ -192,19 +185,15 @@ std::string check_file(const std::string& path, const std::string& name, const j
     return name + ": size " + std::to_string(size) + " != " + std::to_string(want.bytes) +
            " in manifest";
   }
-  if (check == Check::kChecksums) {
-    if (got != want.xxh3) {
-      return name + ": xxh3 mismatch (file " + got + ", manifest " + want.xxh3 + ")";
-    }
-    if (keep) keep->emplace_back(name, std::move(data));
-  }
+  if (check == Check::kChecksums && got != want.xxh3)
+    return name + ": xxh3 mismatch (file " + got + ", manifest " + want.xxh3 + ")";
   return "";
 }
 
 // Reads DIR/NAME/manifest.json and checks every file it lists (check_file). What is wrong goes
 // to `problem`. A missing file, or one that is not a regular file, is a problem; other I/O
 // errors (EIO after retries, EACCES) are a problem or thrown, as `read_errors` says.
-CheckpointInfo examine(const std::string& path, Check check, ReadErrors read_errors, Files* keep) {
+CheckpointInfo examine(const std::string& path, Check check, ReadErrors read_errors) {
   CheckpointInfo info;
   stdfs::path p = stdfs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
@@ -217,8 +206,25 @@ CheckpointInfo examine(const std::string& path, Check check, ReadErrors read_err
   info.problem = read_manifest(path, read_errors, info);
   if (!info.problem.empty()) return info;
 
-  for (const auto& [name, entry] : info.manifest.at("files").items()) {
-    const std::string problem = check_file(path, name, entry, check, read_errors, keep, info.bytes);
+  // Checksums of the files at once, each on its own thread: a resume verifies its checkpoint
+  // in about the time of its largest file (hashing runs at memory speed, so cores help).
+  struct Checked {
+    std::future<std::string> problem;
+    int64_t bytes = 0;
+  };
+  const json& files = info.manifest.at("files");
+  std::vector<Checked> checked;
+  checked.reserve(files.size());  // the threads write into the elements: no reallocation
+  for (const auto& [name, entry] : files.items()) {
+    Checked& c = checked.emplace_back();
+    const auto launch = check == Check::kChecksums ? std::launch::async : std::launch::deferred;
+    c.problem = std::async(launch, [&, name = name, &entry = entry, &bytes = c.bytes] {
+      return check_file(path, name, entry, check, read_errors, bytes);
+    });
+  }
+  for (Checked& c : checked) {
+    const std::string problem = c.problem.get();
+    info.bytes += c.bytes;
     if (!problem.empty()) info.problem += (info.problem.empty() ? "" : "; ") + problem;
   }
   info.complete = info.problem.empty();
@@ -326,6 +332,18 @@ const std::string& LoadedCheckpoint::file(const std::string& name) const {
   throw ResumeError("checkpoint " + info.name + " has no file " + name);
 }
 
+std::pair<int64_t, std::string> LoadedCheckpoint::expected(const std::string& name) const {
+  const json* table = info.manifest.is_object() && info.manifest.contains("files")
+                          ? &info.manifest.at("files")
+                          : nullptr;
+  if (!table || !table->is_object() || !table->contains(name))
+    throw ResumeError("checkpoint " + info.path + " has no file " + name);
+  FileEntry entry;
+  if (std::string problem = parse_entry(name, table->at(name), entry); !problem.empty())
+    throw ResumeError("checkpoint " + info.path + ": " + problem);
+  return {entry.bytes, entry.xxh3};
+}
+
 CheckpointMeta meta_from_manifest(const nlohmann::json& manifest) {
   if (!manifest.is_object()) throw ResumeError("manifest.json: not a JSON object");
   CheckpointMeta meta;
@@ -352,8 +370,8 @@ CheckpointView::CheckpointView(std::string dir, ReadErrors read_errors)
 std::vector<CheckpointInfo> CheckpointView::list(bool verify) const {
   std::vector<CheckpointInfo> out;
   for (const auto& name : checkpoint_folders(dir_)) {
-    out.push_back(examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes,
-                          read_errors_, nullptr));
+    out.push_back(
+        examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes, read_errors_));
   }
   std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
@@ -366,8 +384,7 @@ bool CheckpointView::has_checkpoints() const { return !checkpoint_folders(dir_).
 std::optional<CheckpointInfo> CheckpointView::newest_complete() const {
   const std::vector<CheckpointInfo> all = list(/*verify=*/false);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    CheckpointInfo info =
-        it->complete ? examine(it->path, Check::kChecksums, read_errors_, nullptr) : *it;
+    CheckpointInfo info = it->complete ? examine(it->path, Check::kChecksums, read_errors_) : *it;
     if (info.complete) return info;
     spdlog::warn("skipping {}, which does not verify ({}); trying the previous checkpoint",
                  printable(info.name), info.problem);
@@ -406,7 +423,7 @@ bool CheckpointView::is_checkpoint_folder(const std::string& path) {
 
 CheckpointInfo CheckpointView::inspect(const std::string& folder, bool verify,
                                        ReadErrors read_errors) {
-  return examine(folder, verify ? Check::kChecksums : Check::kSizes, read_errors, nullptr);
+  return examine(folder, verify ? Check::kChecksums : Check::kSizes, read_errors);
 }
 
 CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
@@ -500,8 +517,7 @@ int64_t CheckpointStore::write_folder(const std::string& name, const json& files
   // it could not be atomic on NFS. A folder that does not verify is not a checkpoint; it is
   // replaced.
   if (fs::exists(final_path)) {
-    const CheckpointInfo existing =
-        examine(final_path, Check::kChecksums, ReadErrors::kThrow, nullptr);
+    const CheckpointInfo existing = examine(final_path, Check::kChecksums, ReadErrors::kThrow);
     if (existing.complete) {
       if (existing.manifest.at("files") == files) {
         spdlog::info("checkpoint {} already exists with the same files; keeping it", final_path);
@@ -604,11 +620,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
   for (auto it = all.rbegin(); it != all.rend() && !loaded; ++it) {
     std::string problem = it->problem;
     if (problem.empty()) {
-      Files files;
-      CheckpointInfo info = examine(it->path, Check::kChecksums, ReadErrors::kThrow, &files);
+      CheckpointInfo info = examine(it->path, Check::kChecksums, ReadErrors::kThrow);
       if (info.complete) {
         CheckpointMeta meta = meta_from_manifest(info.manifest);
-        loaded = LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
+        loaded = LoadedCheckpoint{std::move(info), std::move(meta), {}};
         break;
       }
       problem = info.problem;
@@ -644,11 +659,10 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
 }
 
 LoadedCheckpoint CheckpointStore::load(const std::string& path) {
-  Files files;
-  CheckpointInfo info = examine(path, Check::kChecksums, ReadErrors::kThrow, &files);
+  CheckpointInfo info = examine(path, Check::kChecksums, ReadErrors::kThrow);
   if (!info.complete) throw ResumeError("checkpoint " + path + " does not verify: " + info.problem);
   CheckpointMeta meta = meta_from_manifest(info.manifest);
-  return LoadedCheckpoint{std::move(info), std::move(meta), std::move(files)};
+  return LoadedCheckpoint{std::move(info), std::move(meta), {}};
 }
 
 std::unique_lock<std::timed_mutex> CheckpointStore::hold_commits(double seconds) {

@@ -61,13 +61,18 @@ struct CheckpointInfo {
   int64_t bytes = 0;         ///< total size of its files
 };
 
-/// A verified checkpoint read back into memory.
+/// A verified checkpoint chosen to be loaded: its files are read from info.path when they
+/// are loaded (train_state's loads, which check them again as they read), or, for the memory
+/// probe's checkpoint that is never on disk, held in `files`.
 struct LoadedCheckpoint {
   CheckpointInfo info;
   CheckpointMeta meta;
-  std::vector<std::pair<std::string, std::string>> files;  ///< file name -> bytes (verified)
-  /// Bytes of the file `name`; throws ResumeError when the checkpoint lacks it.
+  std::vector<std::pair<std::string, std::string>> files;  ///< in memory: file name -> bytes
+  /// Bytes of the in-memory file `name`; throws ResumeError when the checkpoint lacks it.
   const std::string& file(const std::string& name) const;
+  /// The manifest's size in bytes and xxh3 of the file `name`; throws ResumeError when the
+  /// manifest has no usable entry for it.
+  std::pair<int64_t, std::string> expected(const std::string& name) const;
 };
 
 /// Result of one save.

@@ -2,15 +2,20 @@
 
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize/input-archive.h>
 
-#include <string_view>
+#include <future>
+#include <map>
+#include <memory>
 
 #include "checkpoint/state_copy.h"
+#include "checkpoint/verified_read.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "util/rng.h"
@@ -42,11 +47,17 @@ std::string pickle_tensors(const NamedTensors& tensors) {
   return archive;
 }
 
-NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
+namespace {
+
+using caffe2::serialize::ReadAdapterInterface;
+
+/// A tensor dict pickled as pickle_tensors() writes it, read through `reader`.
+NamedTensors unpickle_from(std::shared_ptr<ReadAdapterInterface> reader, const std::string& what) {
   c10::IValue value;
   try {
-    // Read in place: pickle_load() would want a copy of the bytes in a std::vector first.
-    value = torch::jit::pickle_load_obj(std::string_view(bytes));
+    caffe2::serialize::PyTorchStreamReader archive(std::move(reader));
+    value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                              std::nullopt, std::nullopt, std::nullopt, archive);
   } catch (const std::exception& e) {
     throw ResumeError(what + " is not a pickled tensor dict: " + e.what());
   }
@@ -55,6 +66,59 @@ NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what)
   for (const auto& entry : value.toGenericDict())
     out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
   return out;
+}
+
+/// One of a checkpoint's files as a load reads it: the file itself, straight into the tensors'
+/// storage and checked against the manifest as it is read (VerifyingFileReader), or the memory
+/// probe's bytes.
+struct FileSource {
+  std::string what;  ///< its path, for messages
+  std::shared_ptr<ReadAdapterInterface> reader;
+  std::shared_ptr<VerifyingFileReader> file;  ///< null in memory
+
+  FileSource(const LoadedCheckpoint& checkpoint, const std::string& name)
+      : what(checkpoint.info.path + "/" + name) {
+    if (!checkpoint.files.empty()) {
+      const std::string& bytes = checkpoint.file(name);
+      reader = std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size());
+      return;
+    }
+    const auto [size, xxh3] = checkpoint.expected(name);
+    try {
+      file = std::make_shared<VerifyingFileReader>(what, size, xxh3);
+    } catch (const IoError& e) {
+      throw ResumeError(std::string("cannot read ") + e.what());
+    }
+    reader = file;
+  }
+
+  /// After the file's contents are decoded: throws ResumeError when a read failed or the
+  /// bytes were not those the checkpoint was verified with.
+  void verify() const {
+    if (!file) return;
+    try {
+      file->verify();
+    } catch (const IoError& e) {
+      throw ResumeError(std::string("cannot read ") + e.what());
+    }
+  }
+
+  NamedTensors unpickle() const {
+    NamedTensors tensors = unpickle_from(reader, what);
+    verify();
+    return tensors;
+  }
+};
+
+}  // namespace
+
+NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
+  return unpickle_from(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()), what);
+}
+
+NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint) {
+  return FileSource(checkpoint, "model.pt").unpickle();
 }
 
 std::string cpu_capability() {
@@ -112,33 +176,48 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
 
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank) {
+  // Every file is read, checked and decoded before anything changes: a file that fails leaves
+  // the model, the optimizer and the generators as they were.
   const std::string& where = checkpoint.info.path;
-  NamedTensors saved = unpickle_tensors(checkpoint.file("model.pt"), where + "/model.pt");
+  // model.pt on a second thread while this one reads optim.pt: most of a load is the kernel
+  // copying from the page cache into fresh pages, which two cores do in about half the time.
+  std::future<NamedTensors> weights = std::async(
+      std::launch::async, [&checkpoint] { return FileSource(checkpoint, "model.pt").unpickle(); });
+  torch::serialize::InputArchive archive;
+  {
+    // To host memory first; optimizer.load() moves the state next to the parameters.
+    const FileSource optim(checkpoint, "optim.pt");
+    try {
+      archive.load_from(
+          [&](uint64_t pos, void* buf, size_t n) { return optim.reader->read(pos, buf, n); },
+          [&] { return optim.reader->size(); }, at::kCPU);
+    } catch (const c10::Error& e) {
+      optim.verify();  // a read error or changed bytes say more than the parser's complaint
+      throw ResumeError(optim.what + " is not an optimizer archive: " + e.what_without_backtrace());
+    }
+    optim.verify();
+  }
+  const NamedTensors generators = FileSource(checkpoint, "trainer.pt").unpickle();
+  const NamedTensors saved = weights.get();
+
   std::map<std::string, at::Tensor> by_name(saved.begin(), saved.end());
+  const NamedTensors live = state_dict(model);
+  for (const auto& [name, tensor] : live) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw ResumeError(where + "/model.pt has no tensor " + name);
+    if (it->second.sizes() != tensor.sizes())
+      throw ResumeError(where + "/model.pt: " + name + " has shape " +
+                        c10::str(it->second.sizes()) + ", the model expects " +
+                        c10::str(tensor.sizes()));
+  }
   {
     at::NoGradGuard no_grad;
-    for (auto& [name, tensor] : state_dict(model)) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) throw ResumeError(where + "/model.pt has no tensor " + name);
-      if (it->second.sizes() != tensor.sizes())
-        throw ResumeError(where + "/model.pt: " + name + " has shape " +
-                          c10::str(it->second.sizes()) + ", the model expects " +
-                          c10::str(tensor.sizes()));
-      tensor.copy_(it->second);
-    }
+    for (const auto& [name, tensor] : live) tensor.copy_(by_name.at(name));
   }
-  {
-    // Loaded to host memory first; optimizer.load() moves state next to the parameters.
-    // From the verified bytes in place (an istringstream would copy them first).
-    const std::string& optim = checkpoint.file("optim.pt");
-    torch::serialize::InputArchive archive;
-    archive.load_from(optim.data(), optim.size(), at::kCPU);
-    optimizer.load(archive);
-  }
+  optimizer.load(archive);
   const c10::Device device = model_device(model);
   bool found_cpu = false;
-  for (const auto& [name, tensor] :
-       unpickle_tensors(checkpoint.file("trainer.pt"), where + "/trainer.pt")) {
+  for (const auto& [name, tensor] : generators) {
     if (name == rng_key(kCpuRng, rank)) {
       set_rng_state(default_generator(at::kCPU), tensor);
       found_cpu = true;

@@ -50,12 +50,20 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
 
 /// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so
 /// the optimizer's references stay valid), `optimizer` and rank `rank`'s generators (the CPU
-/// one, and the model's CUDA device's when the checkpoint has its state). Returns false when
-/// the checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
+/// one, and the model's CUDA device's when the checkpoint has its state). Its files are read
+/// once, straight into the tensors' storage, and checked against the manifest as they are
+/// read; all three are read and decoded before anything changes. Returns false when the
+/// checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
 /// generators are then left as they are.
-/// Throws ResumeError when a tensor is missing or has another shape, naming it.
+/// Throws ResumeError when a file cannot be read, is not what the manifest says (changed since
+/// it was verified) or does not decode, and when a tensor is missing or has another shape,
+/// naming it; the model, optimizer and generators are then unchanged.
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank = 0);
+
+/// The model's tensors of a verified checkpoint (model.pt, read and checked as restore_state()
+/// reads it). Throws ResumeError as restore_state() does.
+NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint);
 
 /// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).
 std::string cpu_capability();

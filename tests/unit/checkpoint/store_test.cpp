@@ -37,6 +37,22 @@ using gpurun::CheckpointView;
 using gpurun::LatestFile;
 using nlohmann::json;
 
+using Files = std::vector<std::pair<std::string, std::string>>;
+
+/// The files of a chosen checkpoint as a load will read them (from its folder; a load holds no
+/// bytes), by the names in `like`, after checking that its manifest describes them.
+Files on_disk(const gpurun::LoadedCheckpoint& loaded, const Files& like) {
+  EXPECT_TRUE(loaded.files.empty()) << "a checkpoint on disk is read where it is";
+  Files out;
+  for (const auto& [name, bytes] : like) {
+    out.emplace_back(name, gpurun::fs::read_file(loaded.info.path + "/" + name));
+    const auto [size, xxh3] = loaded.expected(name);
+    EXPECT_EQ(size, static_cast<int64_t>(out.back().second.size())) << name;
+    EXPECT_EQ(xxh3, gpurun::xxh3_hex(out.back().second)) << name;
+  }
+  return out;
+}
+
 CheckpointSnapshot make_snapshot(int64_t epoch, int64_t step, size_t model_bytes = 4096) {
   CheckpointSnapshot s;
   s.meta.epoch = epoch;
@@ -124,8 +140,8 @@ TEST_F(CheckpointDir, SaveThenLoadReturnsTheSameBytesAndMeta) {
   EXPECT_TRUE(loaded->info.complete);
   EXPECT_EQ(loaded->info.name, "ckpt-e0001-s0000012");
   EXPECT_EQ(loaded->info.global_step, 12);
-  EXPECT_EQ(loaded->files, snap.files);
-  EXPECT_EQ(loaded->file("model.pt"), snap.files[0].second);
+  EXPECT_EQ(on_disk(*loaded, snap.files), snap.files);
+  EXPECT_THROW(loaded->expected("other.pt"), gpurun::ResumeError);
   const gpurun::CheckpointMeta& m = loaded->meta;
   EXPECT_EQ(m.epoch, 1);
   EXPECT_EQ(m.global_step, 12);
@@ -141,7 +157,7 @@ TEST_F(CheckpointDir, SaveThenLoadReturnsTheSameBytesAndMeta) {
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0001-s0000012"}));
 
   const gpurun::LoadedCheckpoint direct = CheckpointStore::load(saved.path);
-  EXPECT_EQ(direct.files, snap.files);
+  EXPECT_EQ(on_disk(direct, snap.files), snap.files);
 }
 
 TEST_F(CheckpointDir, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
@@ -208,7 +224,7 @@ TEST_F(CheckpointDir, TruncatedNewestFallsBackToThePreviousAndIsSetAside) {
   const auto loaded = store.load_latest();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->info.name, names[1]);
-  EXPECT_EQ(loaded->files, make_snapshot(0, 2).files);
+  EXPECT_EQ(on_disk(*loaded, make_snapshot(0, 2).files), make_snapshot(0, 2).files);
   EXPECT_FALSE(stdfs::exists(path(names[2])));
   EXPECT_TRUE(stdfs::exists(path(names[2] + ".damaged/model.pt")));
   EXPECT_EQ(latest(), names[1] + "\n");  // corrected to what was loaded
@@ -300,7 +316,7 @@ TEST_F(CheckpointDir, ResavingAnExistingCompleteCheckpointKeepsIt) {
   CheckpointSnapshot other = make_snapshot(0, 4);
   other.files[0].second = "different bytes";
   store.save(other);
-  EXPECT_EQ(store.load_latest()->files, first.files);
+  EXPECT_EQ(on_disk(*store.load_latest(), first.files), first.files);
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000004"}));
 }
 
@@ -312,7 +328,7 @@ TEST_F(CheckpointDir, ResavingReplacesAFolderThatDoesNotVerify) {
   store.save(snap);
   const auto loaded = store.load_latest();
   ASSERT_TRUE(loaded.has_value());
-  EXPECT_EQ(loaded->files, snap.files);
+  EXPECT_EQ(on_disk(*loaded, snap.files), snap.files);
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000004"}));
 }
 
@@ -342,7 +358,8 @@ TEST_F(CheckpointDir, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint)
       continue;
     }
     EXPECT_GE(loaded->meta.global_step, last_step) << "round " << round;
-    EXPECT_EQ(loaded->files, make_snapshot(0, loaded->meta.global_step, 2 << 20).files);
+    EXPECT_EQ(on_disk(*loaded, make_snapshot(0, loaded->meta.global_step, 2 << 20).files),
+              make_snapshot(0, loaded->meta.global_step, 2 << 20).files);
     last_step = loaded->meta.global_step;
     store.clean_temporaries();
     for (const auto& name : entries()) {
@@ -534,7 +551,8 @@ TEST_F(CheckpointDir, CopyFromAnotherTierKeepsTheManifestAndItsOwnRetention) {
   EXPECT_EQ(local.list(false).size(), 3u);
   const auto loaded = network.load_latest();
   ASSERT_TRUE(loaded.has_value());
-  EXPECT_EQ(loaded->files, make_snapshot(0, 3, 1 << 20).files);
+  EXPECT_EQ(on_disk(*loaded, make_snapshot(0, 3, 1 << 20).files),
+            make_snapshot(0, 3, 1 << 20).files);
 }
 
 TEST_F(CheckpointDir, CopyOfASourceDamagedSinceItWasWrittenIsRefusedAndLeavesNothing) {
