@@ -78,9 +78,11 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
       writer_(local_ ? *local_ : store_, config.checkpoint.async) {
   const double every = config.checkpoint.every_minutes;
   interval_seconds_ = std::isnan(every) ? 0 : every * 60;
-  if (local_ && rank_ == 0)
+  if (local_ && rank_ == 0) {
     copier_ = std::make_unique<TierCopier>(
         std::make_unique<CheckpointStore>(options_.ckpt_dir, config.checkpoint.keep_last), *local_);
+    local_->set_write_hook(copier_->hold_function());
+  }
 }
 
 Checkpointer::~Checkpointer() = default;

@@ -128,7 +128,8 @@ SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
       });
 }
 
-SaveResult CheckpointStore::copy_from(const std::string& folder) {
+SaveResult CheckpointStore::copy_from(const std::string& folder,
+                                      const std::function<void()>& between_chunks) {
   CheckpointInfo source;
   source.path = folder;
   source.name = stdfs::path(folder).lexically_normal().filename().string();
@@ -152,9 +153,11 @@ SaveResult CheckpointStore::copy_from(const std::string& folder) {
                     std::optional<Xxh3> hash;
                     const int64_t n = fs::with_retries([&] {
                       hash.emplace();
-                      return fs::copy_file(
-                          join(folder, file_name), join(tmp, file_name),
-                          [&](const char* data, size_t size) { hash->update(data, size); });
+                      return fs::copy_file(join(folder, file_name), join(tmp, file_name),
+                                           [&](const char* data, size_t size) {
+                                             hash->update(data, size);
+                                             if (between_chunks) between_chunks();
+                                           });
                     });
                     if (n != want.bytes || hash->hex() != want.xxh3) {
                       throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
@@ -175,7 +178,19 @@ SaveResult CheckpointStore::commit(const std::string& name, const json& files,
   SaveResult result;
   result.path = join(dir_, name);
   fs::make_dirs(dir_);
-  result.bytes = write_folder(name, files, faults, fill);
+  struct Writing {
+    const std::function<void(bool)>& hook;
+    explicit Writing(const std::function<void(bool)>& h) : hook(h) {
+      if (hook) hook(true);
+    }
+    ~Writing() {
+      if (hook) hook(false);
+    }
+  };
+  {
+    const Writing writing(write_hook_);
+    result.bytes = write_folder(name, files, faults, fill);
+  }
 
   // Should this throw, the new checkpoint is complete but LATEST still names the previous one;
   // load_latest() goes by verified manifests, not by LATEST, so both states resume correctly.

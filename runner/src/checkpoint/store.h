@@ -195,12 +195,21 @@ class CheckpointStore {
   /// fsyncs, the rename, LATEST and retention. A complete checkpoint of that name in DIR is
   /// kept. Throws IoError when DIR (or the source) cannot be written (read), ResumeError when
   /// the source does not match its manifest; DIR's complete checkpoints stay as they were.
-  SaveResult copy_from(const std::string& folder);
+  /// `between_chunks`, when given, is called before every chunk of 8 MiB (where a background
+  /// copy yields to the disk's other writers).
+  SaveResult copy_from(const std::string& folder, const std::function<void()>& between_chunks = {});
 
   /// Retention never removes a checkpoint for which `keep(name)` is true (the one a copy to
   /// the network tier is reading). Called before the first save; `keep` must be thread-safe.
   void set_retention_guard(std::function<bool(const std::string& name)> keep) {
     retention_guard_ = std::move(keep);
+  }
+
+  /// `writing(true)` before a save's or a copy's files are written into DIR, `writing(false)`
+  /// after (also when it fails): the local tier holds the network copy's disk traffic off its
+  /// saves with it. Called before the first save; `writing` must be thread-safe.
+  void set_write_hook(std::function<void(bool writing)> writing) {
+    write_hook_ = std::move(writing);
   }
 
   /// Applies retention now (as after a save): for a checkpoint the retention guard spared
@@ -257,6 +266,7 @@ class CheckpointStore {
   int64_t saves_ = 0;   ///< saves started, for the test-only fault points (faults.h)
   int64_t copies_ = 0;  ///< copy_from() calls started, likewise
   std::function<bool(const std::string&)> retention_guard_;
+  std::function<void(bool)> write_hook_;
 };
 
 CheckpointMeta meta_from_manifest(const nlohmann::json& manifest);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -48,7 +49,8 @@ struct TierCopier::Shared {
     return urgent ? std::min(not_before, failed_at + kUrgentRetry) : not_before;
   }
   bool copying = false, stopping = false;
-  std::string reading;  ///< the local checkpoint being copied, spared by local retention
+  std::atomic<bool> held{false};  ///< hold(): the copy pauses between its chunks
+  std::string reading;            ///< the local checkpoint being copied, spared by local retention
 
   explicit Shared(std::unique_ptr<CheckpointStore> n) : network(std::move(n)) {}
 };
@@ -83,6 +85,10 @@ std::vector<TierCopier::Outcome> TierCopier::finished() {
   std::vector<Outcome> out;
   out.swap(shared_->done);
   return out;
+}
+
+std::function<void(bool)> TierCopier::hold_function() const {
+  return [s = shared_](bool held) { s->held.store(held, std::memory_order_relaxed); };
 }
 
 int64_t TierCopier::copied_step() const {
@@ -149,7 +155,11 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
     outcome.source = folder;
     outcome.global_step = step;
     try {
-      outcome.result = s->network->copy_from(folder);
+      outcome.result = s->network->copy_from(folder, [&s] {
+        // Bounded: a local save that hangs must not hang the network copy with it.
+        for (int i = 0; i < 3000 && s->held.load(std::memory_order_relaxed); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      });
     } catch (const IoError& e) {
       outcome.error = e.what();
       outcome.error_number = e.error_number();

@@ -51,6 +51,13 @@ class TierCopier {
   /// Outcomes since the last call, oldest first.
   std::vector<Outcome> finished();
 
+  /// While held, a copy in progress pauses between its 8 MiB chunks (at most 30 s at a time):
+  /// the local tier holds it while a save writes its files, so that the network copy, best
+  /// effort, never competes with the save that protects the run for a disk they share (the
+  /// page cache's writeback, a local disk under both tiers). The function returned sets the
+  /// hold from any thread, and may outlive the copier.
+  std::function<void(bool held)> hold_function() const;
+
   /// The newest global step complete in the network tier by this copier (-1: none yet).
   int64_t copied_step() const;
 

@@ -369,25 +369,30 @@ TEST_F(CheckpointDir, WriterKilledAtRandomPointsAlwaysLeavesALoadableCheckpoint)
   EXPECT_GT(last_step, 0) << "no save ever completed";
 }
 
-TEST_F(CheckpointDir, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
-  CheckpointStore store(dir_, 3);
-  store.save(make_snapshot(0, 1));
-  // A real write failure: files may not grow past 64 KiB (EFBIG, as a full disk gives ENOSPC).
+/// Saves `snap` while files may not grow past 64 KiB: a real write failure (EFBIG, as a full
+/// disk gives ENOSPC). Returns the IoError's errno, 0 when the save succeeded.
+int save_past_a_file_size_limit(CheckpointStore& store, const CheckpointSnapshot& snap) {
   rlimit old_limit{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  EXPECT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
   rlimit limit = old_limit;
   limit.rlim_cur = 64 << 10;
   const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   int err = 0;
   try {
-    store.save(make_snapshot(0, 2, 1 << 20));
+    store.save(snap);
   } catch (const gpurun::IoError& e) {
     err = e.error_number();
   }
   ::setrlimit(RLIMIT_FSIZE, &old_limit);
   ::signal(SIGXFSZ, old_handler);
-  EXPECT_EQ(err, EFBIG);
+  return err;
+}
+
+TEST_F(CheckpointDir, FailedSaveThrowsIoErrorAndLeavesThePreviousCheckpoint) {
+  CheckpointStore store(dir_, 3);
+  store.save(make_snapshot(0, 1));
+  EXPECT_EQ(save_past_a_file_size_limit(store, make_snapshot(0, 2, 1 << 20)), EFBIG);
   EXPECT_EQ(entries(), (std::vector<std::string>{"LATEST", "ckpt-e0000-s0000001"}));
   EXPECT_EQ(latest(), "ckpt-e0000-s0000001\n");
   EXPECT_EQ(store.load_latest()->info.global_step, 1);
@@ -553,6 +558,28 @@ TEST_F(CheckpointDir, CopyFromAnotherTierKeepsTheManifestAndItsOwnRetention) {
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(on_disk(*loaded, make_snapshot(0, 3, 1 << 20).files),
             make_snapshot(0, 3, 1 << 20).files);
+}
+
+// The local tier tells when a save writes its files (the network copy holds off then), also
+// for a save that fails; a copy offers a pause before each of its 8 MiB chunks.
+TEST_F(CheckpointDir, TheWriteHookBracketsEverySaveAndACopyPausesBetweenItsChunks) {
+  CheckpointStore local(root_ + "/local", 5);
+  std::vector<bool> writing;
+  local.set_write_hook([&](bool w) { writing.push_back(w); });
+  const gpurun::SaveResult saved = local.save(make_snapshot(0, 1, 20 << 20));
+  EXPECT_EQ(writing, (std::vector<bool>{true, false}));
+  CheckpointSnapshot bad = make_snapshot(0, 2);
+  bad.files.emplace_back("../escape.pt", "x");
+  EXPECT_THROW(local.save(bad), std::invalid_argument);
+  ASSERT_EQ(writing.size(), 2u) << "refused before anything is written";
+
+  EXPECT_EQ(save_past_a_file_size_limit(local, make_snapshot(0, 3, 1 << 20)), EFBIG);
+  EXPECT_EQ(writing, (std::vector<bool>{true, false, true, false})) << "released on failure";
+
+  CheckpointStore network(dir_, 2);
+  int pauses = 0;
+  network.copy_from(saved.path, [&] { ++pauses; });
+  EXPECT_GE(pauses, 3) << "20 MiB of model.pt are at least three 8 MiB chunks";
 }
 
 TEST_F(CheckpointDir, CopyOfASourceDamagedSinceItWasWrittenIsRefusedAndLeavesNothing) {
