@@ -104,7 +104,13 @@ struct FileSource {
   }
 
   NamedTensors unpickle() const {
-    NamedTensors tensors = unpickle_from(reader, what);
+    NamedTensors tensors;
+    try {
+      tensors = unpickle_from(reader, what);
+    } catch (const ResumeError&) {
+      verify();  // a read error or changed bytes say more than the parser's complaint
+      throw;
+    }
     verify();
     return tensors;
   }

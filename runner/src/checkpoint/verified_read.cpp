@@ -44,7 +44,11 @@ size_t VerifyingFileReader::pread_all(uint64_t pos, char* buf, size_t n) const {
     const ssize_t r = ::pread(fd_, buf + got, n - got, static_cast<off_t>(pos + got));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      throw IoError("read", path_, errno);
+      // Not thrown from here: read() is called from inside the zip reader's C code, which an
+      // exception must not cross. A short read fails the reader; verify() names the cause.
+      int expected = 0;
+      read_errno_.compare_exchange_strong(expected, errno);
+      break;
     }
     if (r == 0) break;
     got += static_cast<size_t>(r);
@@ -104,6 +108,7 @@ void VerifyingFileReader::hash_aside() const {
 
 void VerifyingFileReader::verify() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (const int err = read_errno_.load()) throw IoError("read", path_, err);
   hash_aside();
   const size_t chunk = size_t{1} << 20;  // hashed while in the cache
   std::unique_ptr<char[]> buf;
@@ -113,6 +118,7 @@ void VerifyingFileReader::verify() {
     if (!buf) buf.reset(new char[chunk]);
     const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk, gap_end - hashed_));
     const size_t got = pread_all(hashed_, buf.get(), want);
+    if (const int err = read_errno_.load()) throw IoError("read", path_, err);
     if (got == 0) break;  // shorter than its size now
     hash_.update(buf.get(), got);
     hashed_ += got;

@@ -8,6 +8,7 @@
 // file, as the manifest records it (docs/architecture.md, "Checkpoint loads").
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -36,13 +37,14 @@ class VerifyingFileReader final : public caffe2::serialize::ReadAdapterInterface
 
   /// The file's size in bytes.
   size_t size() const override;
-  /// Reads up to `n` bytes at offset `pos` into `buf` (fewer only at the end of the file);
-  /// returns how many. Throws IoError on a read error. Thread-safe.
+  /// Reads up to `n` bytes at offset `pos` into `buf` (fewer at the end of the file, or after a
+  /// read error, which verify() then throws); returns how many. Never throws: LibTorch calls it
+  /// from its zip reader's C code. Thread-safe.
   size_t read(uint64_t pos, void* buf, size_t n, const char* what = "") const override;
 
   /// Reads what read() did not hash, then compares the whole file's xxh3 with the manifest's.
-  /// Throws ResumeError naming the file and both checksums when they differ (the file changed
-  /// since the checkpoint was verified), IoError on a read error.
+  /// Throws IoError for a read error (this one's or an earlier read()'s), ResumeError naming the
+  /// file and both checksums when they differ (the file changed since it was verified).
   void verify();
 
  private:
@@ -59,6 +61,7 @@ class VerifyingFileReader final : public caffe2::serialize::ReadAdapterInterface
   mutable uint64_t hashed_ = 0;                         ///< bytes [0, hashed_) are hashed
   mutable std::multimap<uint64_t, std::string> aside_;  ///< offset -> bytes ahead of hashed_
   mutable size_t aside_bytes_ = 0;
+  mutable std::atomic<int> read_errno_{0};  ///< the first read error's errno
 };
 
 }  // namespace gpurun
