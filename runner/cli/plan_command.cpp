@@ -151,6 +151,10 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
       << " (weights, gradients, optimizer state and the copy a checkpoint takes)\n";
   out << "  resume load   " << format_bytes(m.resume_loading)
       << " (weights and optimizer state with a checkpoint's tensors being loaded)\n";
+  if (m.checkpoint_buffers > 0)
+    out << "  + ckpt copy   " << format_bytes(m.checkpoint_buffers)
+        << " kept between saves, added to training and evaluation (largest: " << m.largest_part()
+        << " with it)\n";
   out << "  estimate      parameters+buffers " << format_bytes(estimate.parameters)
       << ", gradients " << format_bytes(estimate.gradients) << ", optimizer state "
       << format_bytes(estimate.optimizer_state) << ", activations "

@@ -203,8 +203,8 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
 
   Result text = run_gpurun({"plan", config});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  for (const char* line :
-       {"the largest of:", "training ", "evaluation ", "ckpt capture ", "resume load "})
+  for (const char* line : {"the largest of:", "training ", "evaluation ", "ckpt capture ",
+                           "resume load ", "+ ckpt copy ", "kept between saves"})
     EXPECT_TRUE(contains(text.out, line)) << line << " in\n" << text.out;
 }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -112,6 +113,9 @@ TEST(Storage, FullDiskKeepsTheLastCheckpointAndStopsAfterMaxFailures) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
   EXPECT_TRUE(contains(r.err, "training goes on")) << r.err;
+  // The third failure stops the run, and says so rather than that training goes on.
+  EXPECT_TRUE(contains(r.err, "that is checkpoint.max_failures (3 of 3")) << r.err;
+  EXPECT_FALSE(contains(r.err, "saves again at the next checkpoint (3 of 3")) << r.err;
   EXPECT_EQ(events(dir / "run", "checkpoint_failed").size(), 3u);
   EXPECT_EQ(run_gpurun({"ckpt", "verify", disk.path()}).exit_code, 0);
   EXPECT_EQ(inspect(disk.path())["global_step"], 10);
@@ -143,6 +147,28 @@ TEST(Storage, ReadOnlyTargetIsRefusedAtStartWithExit2NamingTheCause) {
   r = run_gpurun({config, "--ckpt", sub});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "checkpoint directory " + sub + " cannot be written")) << r.err;
+}
+
+// A full disk refuses the start as well, and the write probe that found it leaves nothing
+// behind (the file can be created, empty, where its bytes do not fit).
+TEST(Storage, AFullTargetIsRefusedAtStartAndTheWriteProbeLeavesNothing) {
+  Tmpfs disk("1m", false);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 1));
+  // A 1 MiB tmpfs, filled to the last byte.
+  std::string fill(1 << 20, 'x');
+  if (FILE* f = std::fopen((disk.path() + "/fill").c_str(), "wb")) {
+    std::fwrite(fill.data(), 1, fill.size(), f);
+    std::fclose(f);
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Result r = run_gpurun({config, "--ckpt", disk.path(), "--run-dir", dir / "run"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(disk.path()))
+    EXPECT_EQ(e.path().filename().string(), "fill") << "left behind: " << e.path();
 }
 
 // Issue 16: a run whose final checkpoint failed (fewer than max_failures in a row) said

@@ -94,6 +94,7 @@ void Checkpointer::check_writable(const std::string& dir, const std::string& wha
     fs::write_file(probe, "gpurun write probe\n");
     if (::unlink(probe.c_str()) != 0) throw IoError("unlink", probe, errno);
   } catch (const IoError& e) {
+    (void)::unlink(probe.c_str());  // a full disk may have let it be created, empty
     throw ConfigError((what == "--ckpt" ? "checkpoint directory " : what + " ") + dir +
                       " cannot be written (" + e.what() + "); choose a " + what +
                       " directory where files can be created");
@@ -318,17 +319,19 @@ void Checkpointer::report_finished() {
         spdlog::error("checkpoint of global step {} failed: {}", step, o.error);
         continue;
       }
+      const bool last_straw = failed_saves_ >= config_.checkpoint.max_failures;
       spdlog::error(
           "checkpoint of global step {} failed: {}; the last complete checkpoint "
-          "({}) is untouched; training goes on and saves again at the next "
-          "checkpoint ({} of {} failures in a row)",
+          "({}) is untouched; {} ({} of {} failures in a row)",
           step, o.error,
           last_checkpoint_.empty() ? "none"
           : last_network_checkpoint_.empty()
               ? last_checkpoint_
               : last_checkpoint_ + ", copied to " + last_network_checkpoint_,
+          last_straw ? "that is checkpoint.max_failures"
+                     : "training goes on and saves again at the next checkpoint",
           failed_saves_, config_.checkpoint.max_failures);
-      if (failed_saves_ >= config_.checkpoint.max_failures)
+      if (last_straw)
         throw Error("stopping: " + std::to_string(failed_saves_) +
                     " checkpoints in a row failed; last error: " + o.error + "; " +
                     not_saved(last_saved_step_));
