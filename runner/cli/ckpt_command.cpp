@@ -29,8 +29,8 @@ void print_json(const json& j, std::ostream& out) {
   out << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
-// The local tier (checkpoint.local_dir) of the run that writes DIR, when this machine has it:
-// named by the newest manifest, or by DIR/status.json while no checkpoint reached DIR yet.
+}  // namespace
+
 std::string local_tier_of(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   std::string tier;
   for (auto it = infos.rbegin(); it != infos.rend() && tier.empty(); ++it) {
@@ -48,6 +48,8 @@ std::string local_tier_of(const CheckpointView& view, const std::vector<Checkpoi
   std::error_code ec;
   return !tier.empty() && stdfs::is_directory(tier, ec) ? tier : "";
 }
+
+namespace {
 
 json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const LatestFile latest = view.latest();

@@ -22,8 +22,16 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include "checkpoint/store.h"
 
 namespace gpurun {
+
+/// The local tier (checkpoint.local_dir) of the run that writes the root `view`, when this
+/// machine has it: named by the newest of `infos` (view.list()) whose manifest names it, or by
+/// DIR/status.json while no checkpoint reached DIR yet; "" otherwise.
+std::string local_tier_of(const CheckpointView& view, const std::vector<CheckpointInfo>& infos);
 
 /// Runs `gpurun ckpt ACTION DIR [--json]` and returns the process exit code.
 /// Throws ConfigError (exit 2) for an unknown action or a DIR that is missing or not a

@@ -8,6 +8,7 @@
 
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
+#include "cli/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
 #include "model/plugin_loader.h"
@@ -21,15 +22,26 @@ namespace {
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
 
-/// The checkpoint to export: `dir` itself when it is one ckpt-* folder, else the newest one of
-/// the root that verifies (read-only: damaged ones are reported, not renamed).
+/// The checkpoint to export: `dir` itself when it is one ckpt-* folder, else the newest one that
+/// verifies of the root and of its local tier on this machine (as a resume chooses: the local
+/// one holds the newer state when the run stopped before its copy reached DIR). Read-only:
+/// damaged ones are reported, not renamed.
 LoadedCheckpoint choose(const std::string& dir) {
   if (CheckpointView::is_checkpoint_folder(dir)) return CheckpointStore::load(dir);
   const CheckpointView view(dir);
-  const std::optional<CheckpointInfo> newest = view.newest_complete();
+  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
+  std::optional<CheckpointInfo> newest = view.newest_complete();
+  if (const std::string tier = local_tier_of(view, infos); !tier.empty()) {
+    const std::optional<CheckpointInfo> local = CheckpointView(tier).newest_complete();
+    if (local && (!newest || local->global_step > newest->global_step)) {
+      spdlog::info("exporting from the local tier: {} (global step {}; {}'s newest: {})",
+                   local->path, local->global_step, dir,
+                   newest ? "global step " + std::to_string(newest->global_step) : "none");
+      newest = local;
+    }
+  }
   if (!newest) {
-    throw ResumeError("no complete checkpoint in " + dir + " (" +
-                      std::to_string(view.list(/*verify=*/false).size()) +
+    throw ResumeError("no complete checkpoint in " + dir + " (" + std::to_string(infos.size()) +
                       " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
   }
   return CheckpointStore::load(newest->path);

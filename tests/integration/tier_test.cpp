@@ -292,6 +292,15 @@ TEST(Tiers, AStopSignalDuringTheFinalCopyEndsTheWaitWithExit75) {
   EXPECT_LT(seconds, 10.0) << r.err;
   EXPECT_TRUE(contains(r.err, "while the final checkpoint was being copied")) << r.err;
   ASSERT_TRUE(disk.remount_writable());
+
+  // The final state is only in the local tier: an export of --ckpt takes it from there.
+  const nlohmann::json final_local = inspect(tier_under(dir / "local"));
+  ASSERT_GT(final_local["global_step"].get<int64_t>(), inspect(net)["global_step"].get<int64_t>());
+  Result exported = run_gpurun({"export", net, "--to", dir / "model.pt"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_TRUE(contains(exported.err, "exporting from the local tier")) << exported.err;
+  EXPECT_TRUE(contains(exported.out + exported.err, final_local["model_digest"].get<std::string>()))
+      << exported.out << exported.err;
 }
 
 }  // namespace

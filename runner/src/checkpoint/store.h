@@ -158,8 +158,8 @@ class CheckpointView {
   /// DIR/LATEST; kUnreadable rather than a throw when it exists but cannot be read.
   LatestFile latest() const;
 
-  /// True when `path` is one checkpoint folder rather than a checkpoint root: its name starts
-  /// with ckpt- (NAME.damaged included) or it holds a manifest.json.
+  /// True when `path` is one checkpoint folder rather than a checkpoint root: its name is
+  /// checkpoint_name()'s pattern (NAME.damaged included) or it holds a manifest.json.
   static bool is_checkpoint_folder(const std::string& path);
 
   /// Examines one checkpoint folder: its manifest, and every file's size (and with `verify`

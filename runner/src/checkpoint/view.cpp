@@ -323,7 +323,10 @@ bool CheckpointView::is_checkpoint_folder(const std::string& path) {
   stdfs::path p = stdfs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   std::error_code ec;
-  return starts_with(p.filename().string(), "ckpt-") || stdfs::exists(p / kManifest, ec);
+  // By the name's pattern, not its prefix: a local tier is named after --ckpt, and a --ckpt
+  // named "ckpt" gives it a name like ckpt-aeb66c32, which is a root.
+  return parse_checkpoint_name(p.filename().string()).has_value() ||
+         stdfs::exists(p / kManifest, ec);
 }
 
 CheckpointInfo CheckpointView::inspect(const std::string& folder, bool verify,
