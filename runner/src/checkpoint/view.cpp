@@ -6,6 +6,7 @@
 #include <future>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -169,23 +170,19 @@ CheckpointInfo examine(const std::string& path, Check check, ReadErrors read_err
 
   // Checksums of the files at once, each on its own thread: a resume verifies its checkpoint
   // in about the time of its largest file (hashing runs at memory speed, so cores help).
-  struct Checked {
-    std::future<std::string> problem;
-    int64_t bytes = 0;
-  };
-  const json& files = info.manifest.at("files");
-  std::vector<Checked> checked;
-  checked.reserve(files.size());  // the threads write into the elements: no reallocation
-  for (const auto& [name, entry] : files.items()) {
-    Checked& c = checked.emplace_back();
+  using Checked = std::pair<std::string, int64_t>;  // the problem, the file's bytes
+  std::vector<std::future<Checked>> checked;
+  for (const auto& [name, entry] : info.manifest.at("files").items()) {
     const auto launch = check == Check::kChecksums ? std::launch::async : std::launch::deferred;
-    c.problem = std::async(launch, [&, name = name, &entry = entry, &bytes = c.bytes] {
-      return check_file(path, name, entry, check, read_errors, bytes);
-    });
+    checked.push_back(std::async(launch, [&, name = name, &entry = entry] {
+      int64_t bytes = 0;
+      std::string problem = check_file(path, name, entry, check, read_errors, bytes);
+      return Checked{std::move(problem), bytes};
+    }));
   }
-  for (Checked& c : checked) {
-    const std::string problem = c.problem.get();
-    info.bytes += c.bytes;
+  for (auto& c : checked) {
+    const auto [problem, bytes] = c.get();
+    info.bytes += bytes;
     if (!problem.empty()) info.problem += (info.problem.empty() ? "" : "; ") + problem;
   }
   info.complete = info.problem.empty();
