@@ -44,7 +44,9 @@ LoadedCheckpoint choose(const std::string& dir) {
     throw ResumeError("no complete checkpoint in " + dir + " (" + std::to_string(infos.size()) +
                       " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
   }
-  return CheckpointStore::load(newest->path);
+  // newest_complete() verified it, checksums included: no second pass over its files.
+  CheckpointMeta meta = meta_from_manifest(newest->manifest);
+  return LoadedCheckpoint{std::move(*newest), std::move(meta), {}};
 }
 
 /// The same xxh3 as model_digest(), over tensors already read from model.pt.
