@@ -58,27 +58,46 @@ size_t VerifyingFileReader::pread_all(uint64_t pos, char* buf, size_t n) const {
 
 size_t VerifyingFileReader::read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const {
   char* into = static_cast<char*>(buf);
-  size_t got = 0;
   if (n < kSplitBytes) {
-    got = pread_all(pos, into, n);
-  } else {
-    // A large record (a tensor) in two halves at once: the kernel's copy into fresh pages,
-    // page faults included, is most of a load, and two cores do it in about half the time.
-    const size_t half = n / 2;
-    std::future<size_t> second = std::async(
-        std::launch::async, [&] { return pread_all(pos + half, into + half, n - half); });
-    got = pread_all(pos, into, half);
-    const size_t rest = second.get();
-    if (got == half) got += rest;
+    const size_t got = pread_all(pos, into, n);
+    std::lock_guard<std::mutex> lock(mutex_);
+    observe(pos, into, got);
+    return got;
   }
+  // A large record (a tensor) in two halves at once: the kernel's copy into fresh pages,
+  // page faults included, is most of a load, and two cores do it in about half the time.
+  // The first half is hashed while the second is still being read.
+  const size_t half = n / 2;
+  std::future<size_t> second =
+      std::async(std::launch::async, [&] { return pread_all(pos + half, into + half, n - half); });
+  const size_t first = pread_all(pos, into, half);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    observe(pos, into, first);
+  }
+  const size_t rest = second.get();
+  if (first < half) return first;
   std::lock_guard<std::mutex> lock(mutex_);
-  observe(pos, into, got);
-  return got;
+  observe(pos + half, into + half, rest);
+  return half + rest;
 }
 
 void VerifyingFileReader::observe(uint64_t pos, const char* data, size_t n) const {
   const uint64_t end = pos + n;
   if (end <= hashed_) return;  // read again (the zip's directory, a header)
+  if (pos > hashed_) {
+    hash_aside();
+    // A record's data starts past the part of its local header that the zip reader reads
+    // (the name and the alignment padding are skipped): read those few bytes now, so that
+    // the record is hashed as it passes instead of set aside and the file read twice.
+    if (pos > hashed_ && pos - hashed_ <= kGapFillBytes) {
+      char gap[kGapFillBytes];
+      const size_t want = static_cast<size_t>(pos - hashed_);
+      const size_t got = pread_all(hashed_, gap, want);
+      hash_.update(gap, got);
+      hashed_ += got;
+    }
+  }
   if (pos <= hashed_) {
     const size_t skip = static_cast<size_t>(hashed_ - pos);
     hash_.update(data + skip, n - skip);
@@ -122,6 +141,7 @@ void VerifyingFileReader::verify() {
     if (got == 0) break;  // shorter than its size now
     hash_.update(buf.get(), got);
     hashed_ += got;
+    reread_bytes_ += static_cast<int64_t>(got);
     hash_aside();
   }
   const std::string got = hash_.hex();
@@ -129,6 +149,11 @@ void VerifyingFileReader::verify() {
     throw ResumeError(path_ + " changed while it was loaded: xxh3 " + got + " over " +
                       std::to_string(hashed_) + " bytes, manifest " + want_ + " over " +
                       std::to_string(size_));
+}
+
+int64_t VerifyingFileReader::reread_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reread_bytes_;
 }
 
 }  // namespace gpurun

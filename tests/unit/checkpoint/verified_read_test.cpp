@@ -75,6 +75,35 @@ TEST_F(VerifiedRead, ReadsInAnyOrderHashTheWholeFile) {
   EXPECT_NO_THROW(file.verify());
 }
 
+// Records in file order, each behind a local header whose name and padding no read asks for,
+// in a file larger than what may be held aside: the skipped bytes are read as the next record
+// arrives, so verify() reads nothing again and nothing is held aside.
+TEST_F(VerifiedRead, RecordsInFileOrderAreHashedInOnePass) {
+  write(VerifyingFileReader::kAsideLimitBytes + (8 << 20));
+  const size_t record = 1 << 20;
+  std::vector<Range> ranges;
+  for (uint64_t at = 0; at < data_.size(); at += record) {
+    ranges.push_back({at, 30});
+    ranges.push_back({at + 64, record - 64});
+  }
+  VerifyingFileReader file(path_, static_cast<int64_t>(data_.size()), xxh3_);
+  read_all(file, data_, ranges);
+  EXPECT_NO_THROW(file.verify());
+  EXPECT_EQ(file.reread_bytes(), 0);
+}
+
+// A changed byte in the padding no read asks for is still found.
+TEST_F(VerifiedRead, AChangedByteInSkippedPaddingIsRefused) {
+  write(1 << 20);
+  const std::string verified = xxh3_;
+  data_[40] ^= 1;  // between a 30-byte local header and its record's data at 64
+  fs::write_file(path_, data_);
+  VerifyingFileReader file(path_, static_cast<int64_t>(data_.size()), verified);
+  read_all(file, data_, {{0, 30}, {64, data_.size() - 64}});
+  EXPECT_EQ(file.reread_bytes(), 0);
+  EXPECT_THROW(file.verify(), ResumeError);
+}
+
 // Backwards, 1 MiB at a time, across a file larger than what may be held aside: memory stays
 // bounded and the checksum is still the whole file's.
 TEST_F(VerifiedRead, BackwardsBeyondTheAsideLimitStillVerifies) {
