@@ -93,7 +93,7 @@ for resume, cold in zip(resumes, (True, False)):
     where = "from disk" if cold else "from cache"
     load_seconds = resume["read_seconds"] + resume["restore_seconds"]
     py_load = py_load_seconds(cold)
-    print(f"{'gpurun load, ' + where:30}: {resume['bytes'] / load_seconds / 2**20:8.1f} MiB/s ({resume['read_seconds'] * 1000:.0f} ms choosing and verifying, {resume['restore_seconds'] * 1000:.0f} ms restore, {resume['bytes'] / 2**20:.0f} MiB)")
+    print(f"{'gpurun load, ' + where:30}: {resume['bytes'] / load_seconds / 2**20:8.1f} MiB/s ({resume['read_seconds'] * 1000:.0f} ms choosing, {resume['restore_seconds'] * 1000:.0f} ms reading, checking and restoring, {resume['bytes'] / 2**20:.0f} MiB)")
     print(f"{'torch.load, ' + where:30}: {py_bytes / py_load / 2**20:8.1f} MiB/s ({py_load * 1000:.0f} ms, {py_bytes / 2**20:.0f} MiB)")
     print(f"{'ratio load, ' + where:30}: {(resume['bytes'] / load_seconds) / (py_bytes / py_load):.2f}   (goal >= 1.0)")
 state = torch.load(model_pt)

@@ -237,14 +237,7 @@ TEST(DataStage, ACopyIsReusedWhileUnchangedAndCopiedAgainWhenItsSourceOrItselfCh
   EXPECT_EQ(inspect(dir / "third").value("model_digest", ""), digest);
 
   // The local copy is damaged: found by its xxh3 and copied again.
-  {
-    std::fstream f(copy + "/t10k-labels-idx1-ubyte.gz",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(100);
-    const char c = static_cast<char>(f.get());
-    f.seekp(100);
-    f.put(static_cast<char>(c ^ 0x01));
-  }
+  flip_byte(copy + "/t10k-labels-idx1-ubyte.gz", 100, 0x01);
   EXPECT_EQ(staged("fourth")["copied_files"], 1);
   EXPECT_EQ(slurp(copy + "/t10k-labels-idx1-ubyte.gz"), slurp(src + "/t10k-labels-idx1-ubyte.gz"));
 

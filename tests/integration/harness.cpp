@@ -129,6 +129,17 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+void flip_byte(const std::string& path, int64_t offset, unsigned char mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f) << "cannot open " << path;
+  f.seekg(offset);
+  const int c = f.get();
+  ASSERT_NE(c, EOF) << path << " has no byte " << offset;
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ mask));
+  ASSERT_TRUE(f.flush()) << "cannot write " << path;
+}
+
 std::vector<std::string> with_sets(std::vector<std::string> args,
                                    const std::vector<std::string>& sets) {
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});

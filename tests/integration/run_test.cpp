@@ -2,7 +2,6 @@
 // checkpoints, retention, --json outputs, and model.pt read by Python's torch.load.
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -144,15 +143,7 @@ TEST(Damage, NewestDamagedFallsBackToThePreviousAndAllDamagedExits3) {
   const std::string middle = dir / ("ckpt/" + names[1]);
   const std::string oldest = dir / ("ckpt/" + names[0]);
   fs::resize_file(newest + "/model.pt", fs::file_size(newest + "/model.pt") / 2);  // truncated
-  {
-    std::fstream f(middle + "/optim.pt", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(40);
-    char c = 0;
-    f.read(&c, 1);
-    f.seekp(40);
-    c = static_cast<char>(c ^ 0x5a);  // one flipped byte
-    f.write(&c, 1);
-  }
+  flip_byte(middle + "/optim.pt", 40);  // found as the resume reads it
   Result verify = run_gpurun({"ckpt", "verify", dir / "ckpt", "--json"});
   EXPECT_EQ(verify.exit_code, 0) << verify.out;
 

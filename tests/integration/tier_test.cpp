@@ -237,6 +237,38 @@ TEST(Tiers, ResumeTakesTheNewerTierEitherWayAndEndsWithTheUninterruptedDigest) {
   }
 }
 
+// The local tier's newest checkpoint has one byte changed, which only its checksum finds: the
+// resume finds it as it reads the files, sets it aside and resumes from the network tier's
+// copy of the same step, exactly.
+TEST(Tiers, ADamagedLocalCheckpointFoundAsItIsReadFallsBackToTheNetworkCopyOfTheSameStep) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 2));
+  Result reference =
+      run_gpurun({config, "--ckpt", dir / "reference", "--set", "checkpoint.every_steps=10"});
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const std::vector<std::string> tiered{"checkpoint.every_steps=10",
+                                        "checkpoint.local_dir=" + (dir / "local")};
+  const std::string net = dir / "net";
+  Result first = run_gpurun(with_sets({config, "--ckpt", net, "--set", "train.epochs=1"}, tiered));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string tier = tier_under(dir / "local");
+  const std::string newest = trimmed(slurp(tier + "/LATEST"));
+  ASSERT_EQ(trimmed(slurp(net + "/LATEST")), newest);
+  flip_byte(tier + "/" + newest + "/model.pt", 1000);
+
+  Result resumed =
+      run_gpurun(with_sets({config, "--ckpt", net, "--resume", "--set", "train.epochs=2"}, tiered));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, tier + "/" + newest + " is damaged")) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "does not match its manifest")) << resumed.err;
+  EXPECT_TRUE(fs::is_directory(tier + "/" + newest + ".damaged"));
+  const auto resumes = events(net, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes.back()["path"], net + "/" + newest);
+  EXPECT_EQ(inspect(net).value("model_digest", ""),
+            inspect(dir / "reference").value("model_digest", ""));
+}
+
 TEST(Tiers, TheEndWaitsForTheFinalCopyAndAResumeOnTheSameMachineFinishesIt) {
   Tmpfs disk("64m", false);
   if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";

@@ -36,6 +36,15 @@ class ResumeError : public Error {
   using Error::Error;
 };
 
+/// A checkpoint whose files are not what its manifest says, found while it is loaded: a file
+/// missing, of another size, unreadable (an I/O error), with another xxh3, or not parseable.
+/// A ResumeError (exit 3) when no other checkpoint can be taken instead; a resume that can
+/// sets the checkpoint aside and falls back to the previous one.
+class DamagedCheckpointError : public ResumeError {
+ public:
+  using ResumeError::ResumeError;
+};
+
 /// A plugin .so that this gpurun cannot use: built for another plugin ABI or LibTorch
 /// version, or lacking an entry point (plugin.h). A ResumeError, so exit 3 (docs/architecture.md,
 /// "Exit codes": "cannot resume ... ABI mismatch"): rebuilding the plugin, not retrying, fixes it.

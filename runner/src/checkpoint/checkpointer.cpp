@@ -20,6 +20,7 @@
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"
 #include "report/reporter.h"
+#include "util/bracket.h"
 #include "util/clock.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -133,7 +134,7 @@ std::vector<std::string> Checkpointer::tier_dirs() const {
   return dirs;
 }
 
-std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers() {
+std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) {
   const int64_t local_step = newest_step(*local_), network_step = newest_step(store_);
   // The newer tier first, the local one on a tie; the other only when the first falls back
   // (past damaged checkpoints, which each tier sets aside on its own) to an older step.
@@ -148,7 +149,7 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers() {
   for (int i = 0; i < 2; ++i) {
     if (best && best->meta.global_step >= steps[i]) break;
     try {
-      std::optional<LoadedCheckpoint> loaded = order[i]->load_latest();
+      std::optional<LoadedCheckpoint> loaded = order[i]->load_latest(verify);
       if (loaded && (!best || loaded->meta.global_step > best->meta.global_step))
         best = std::move(loaded);
     } catch (const ResumeError& e) {
@@ -172,16 +173,17 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers() {
       if (!info.complete && info.global_step > best->meta.global_step)
         spdlog::warn("skipping {}, which does not verify ({})", info.path, info.problem);
   }
-  // The network tier lags behind (it was down, or the copy was cut short): catch it up.
-  if (from_local && network_step < best->meta.global_step)
-    copier_->offer(best->info.path, best->meta.global_step);
   return best;
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::choose() {
   std::optional<LoadedCheckpoint> loaded;
+  // A single process reads the checkpoint once, checking it as it loads, and falls back when
+  // it is damaged (fall_back()). The ranks of a distributed run must all load the same one:
+  // rank 0 verifies it before naming it.
+  const bool verify = comm_ != nullptr;
   if (options_.resume && rank_ == 0)
-    loaded = local_ ? load_newest_of_tiers() : store_.load_latest();
+    loaded = local_ ? load_newest_of_tiers(verify) : store_.load_latest(verify);
   if (!comm_) return loaded;
   const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
   if (rank_ != 0 && !path.empty()) {
@@ -192,9 +194,22 @@ std::optional<LoadedCheckpoint> Checkpointer::choose() {
   return loaded;
 }
 
+std::optional<LoadedCheckpoint> Checkpointer::fall_back(const LoadedCheckpoint& damaged,
+                                                        const std::string& problem) {
+  if (comm_) throw DamagedCheckpointError(problem);  // verified by choose(): damaged since
+  const bool in_local =
+      local_ && stdfs::path(damaged.info.path).parent_path() == stdfs::path(local_->dir());
+  (in_local ? *local_ : store_).set_aside_damaged(damaged.info, problem);
+  return choose();
+}
+
 void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   last_saved_step_ = last_complete_step_ = global_step;
   last_checkpoint_ = path;
+  // The network tier lags behind (it was down, or the copy was cut short): catch it up.
+  if (local_ && rank_ == 0 && stdfs::path(path).parent_path() == stdfs::path(local_->dir()) &&
+      newest_step(store_) < global_step)
+    copier_->offer(path, global_step);
 }
 
 std::string Checkpointer::not_saved(std::optional<int64_t> reached) const {
@@ -282,7 +297,11 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
     // are the writer thread's.
     const auto stall_start = Clock::now();
     writer_.wait();
-    copy_->copy(model, optimizer, trainer_rng_states(model, rank_rng));
+    {
+      // The network copy pauses for the stall: on a machine with few cores it would slow it.
+      const Bracket hold(copier_ ? copier_->hold_function() : nullptr);
+      copy_->copy(model, optimizer, trainer_rng_states(model, rank_rng));
+    }
     CheckpointSnapshot snapshot;
     snapshot.meta = std::move(meta);
     // `gpurun ckpt list DIR` finds the local tier through it.

@@ -69,12 +69,22 @@ class Checkpointer {
   /// The checkpoint to resume from: rank 0 picks the newest complete one (falling back past
   /// damaged ones) and tells the others its name, so that no rank ever opens a checkpoint
   /// that is still being written and all resume the same step (docs/architecture.md, case 13).
-  /// With a local tier the newest of both tiers wins (the local one on a tie: it reads faster),
-  /// and a network tier that lags behind is brought up to date in the background. nullopt
-  /// without --resume or when there is none. Throws ResumeError when every checkpoint is damaged.
+  /// A single process checks the files' sizes here and their checksums as restore_state()
+  /// reads them (see fall_back()); in a distributed run rank 0 verifies the checksums here.
+  /// With a local tier the newest of both tiers wins (the local one on a tie: it reads faster).
+  /// nullopt without --resume or when there is none. Throws ResumeError when every checkpoint
+  /// is damaged.
   std::optional<LoadedCheckpoint> choose();
 
-  /// Records that training resumed from `path` at `global_step`.
+  /// After restore_state() found `damaged` damaged (`problem`, the DamagedCheckpointError's
+  /// message): sets it aside in its tier and returns choose()'s next pick. Throws as choose()
+  /// does, ResumeError when it cannot be set aside, and DamagedCheckpointError in a
+  /// distributed run (all ranks hold the one rank 0 verified: it was damaged since).
+  std::optional<LoadedCheckpoint> fall_back(const LoadedCheckpoint& damaged,
+                                            const std::string& problem);
+
+  /// Records that training resumed from `path` at `global_step`; with a local tier, a
+  /// network tier that lags behind it is brought up to date in the background.
   void resumed_from(const std::string& path, int64_t global_step);
 
   /// The save interval has passed since the last save (on this rank's clock):
@@ -153,7 +163,7 @@ class Checkpointer {
   std::unique_ptr<TierCopier> copier_;   ///< local_ to the network tier, or null
   std::map<int64_t, double> stalls_;     ///< global step -> stall of its save, until reported
   void check_lease() const;
-  std::optional<LoadedCheckpoint> load_newest_of_tiers();
+  std::optional<LoadedCheckpoint> load_newest_of_tiers(bool verify);
   void report_copies();
   /// Whether --ckpt holds `global_step` or a later one: copied by this run, or found there.
   bool network_holds(int64_t global_step) const;

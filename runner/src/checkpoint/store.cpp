@@ -20,6 +20,7 @@
 #include <torch/version.h>  // TORCH_VERSION only; this file must not pull in torch/torch.h
 
 #include "gpurun/errors.h"
+#include "util/bracket.h"
 #include "util/faults.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -178,17 +179,8 @@ SaveResult CheckpointStore::commit(const std::string& name, const json& files,
   SaveResult result;
   result.path = join(dir_, name);
   fs::make_dirs(dir_);
-  struct Writing {
-    const std::function<void(bool)>& hook;
-    explicit Writing(const std::function<void(bool)>& h) : hook(h) {
-      if (hook) hook(true);
-    }
-    ~Writing() {
-      if (hook) hook(false);
-    }
-  };
   {
-    const Writing writing(write_hook_);
+    const Bracket writing(write_hook_);
     result.bytes = write_folder(name, files, faults, fill);
   }
 
@@ -285,7 +277,7 @@ std::vector<std::string> CheckpointStore::apply_retention(const std::string& jus
   return removed;
 }
 
-std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
+std::optional<LoadedCheckpoint> CheckpointStore::load_latest(bool verify) {
   const std::vector<CheckpointInfo> all = view_.list(/*verify=*/false);
   if (all.empty()) {
     // Only checkpoints set aside as damaged (by an earlier resume): starting fresh would
@@ -314,7 +306,7 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
   for (auto it = all.rbegin(); it != all.rend() && !loaded; ++it) {
     std::string problem = it->problem;
     if (problem.empty()) {
-      CheckpointInfo info = examine(it->path, Check::kChecksums, ReadErrors::kThrow);
+      CheckpointInfo info = verify ? examine(it->path, Check::kChecksums, ReadErrors::kThrow) : *it;
       if (info.complete) {
         CheckpointMeta meta = meta_from_manifest(info.manifest);
         loaded = LoadedCheckpoint{std::move(info), std::move(meta), {}};
@@ -350,6 +342,19 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest() {
     }
   }
   return loaded;
+}
+
+void CheckpointStore::set_aside_damaged(const CheckpointInfo& info, const std::string& problem) {
+  std::string aside;
+  try {
+    aside = set_aside(dir_, info.name);
+  } catch (const IoError& e) {
+    throw ResumeError("checkpoint " + info.path + " is damaged (" + problem +
+                      ") and could not be renamed aside (" + e.what() +
+                      "); move it away, then resume again");
+  }
+  spdlog::warn("checkpoint {} is damaged ({}); renamed to {}; trying the previous one", info.path,
+               problem, aside);
 }
 
 LoadedCheckpoint CheckpointStore::load(const std::string& path) {

@@ -61,9 +61,9 @@ struct CheckpointInfo {
   int64_t bytes = 0;         ///< total size of its files
 };
 
-/// A verified checkpoint chosen to be loaded: its files are read from info.path when they
-/// are loaded (train_state's loads, which check them again as they read), or, for the memory
-/// probe's checkpoint that is never on disk, held in `files`.
+/// A checkpoint chosen to be loaded (its files' sizes checked, or their checksums too): its
+/// files are read from info.path when they are loaded (train_state's loads, which check them
+/// as they read), or, for the memory probe's checkpoint that is never on disk, held in `files`.
 struct LoadedCheckpoint {
   CheckpointInfo info;
   CheckpointMeta meta;
@@ -222,11 +222,19 @@ class CheckpointStore {
   /// view().has_checkpoints().
   bool has_checkpoints() const { return view_.has_checkpoints(); }
 
-  /// The newest complete checkpoint, checksums verified. A newest one that fails
-  /// verification is renamed to NAME.damaged (so it is never loaded again), a warning is
-  /// logged, and the previous one is tried. Returns nullopt when DIR holds no checkpoint;
-  /// throws ResumeError naming every damaged checkpoint and its problem when all fail.
-  std::optional<LoadedCheckpoint> load_latest();
+  /// The newest complete checkpoint: with `verify`, its checksums verified; without, its
+  /// files' sizes, so that the load reads the files once and checks them as it reads
+  /// (restore_state), calling set_aside_damaged() and this again when they do not match. A
+  /// newest one that fails is renamed to NAME.damaged (so it is never loaded again), a warning
+  /// is logged, and the previous one is tried. Returns nullopt when DIR holds no checkpoint;
+  /// throws ResumeError naming every damaged checkpoint and its problem when all fail, or
+  /// when DIR holds only checkpoints set aside as damaged.
+  std::optional<LoadedCheckpoint> load_latest(bool verify = true);
+
+  /// Renames the checkpoint `info` of DIR, which its load found damaged (`problem`), to
+  /// NAME.damaged and logs a warning, so that load_latest() takes the previous one. Throws
+  /// ResumeError when it cannot be renamed (load_latest() would take it again).
+  void set_aside_damaged(const CheckpointInfo& info, const std::string& problem);
 
   /// Loads one checkpoint folder (a ckpt-* path), verifying it; throws ResumeError.
   static LoadedCheckpoint load(const std::string& path);

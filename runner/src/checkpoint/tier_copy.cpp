@@ -49,8 +49,8 @@ struct TierCopier::Shared {
     return urgent ? std::min(not_before, failed_at + kUrgentRetry) : not_before;
   }
   bool copying = false, stopping = false;
-  std::atomic<bool> held{false};  ///< hold(): the copy pauses between its chunks
-  std::string reading;            ///< the local checkpoint being copied, spared by local retention
+  std::atomic<int> holds{0};  ///< hold_function()'s holders: the copy pauses between chunks
+  std::string reading;        ///< the local checkpoint being copied, spared by local retention
 
   explicit Shared(std::unique_ptr<CheckpointStore> n) : network(std::move(n)) {}
 };
@@ -88,7 +88,7 @@ std::vector<TierCopier::Outcome> TierCopier::finished() {
 }
 
 std::function<void(bool)> TierCopier::hold_function() const {
-  return [s = shared_](bool held) { s->held.store(held, std::memory_order_relaxed); };
+  return [s = shared_](bool held) { s->holds.fetch_add(held ? 1 : -1, std::memory_order_relaxed); };
 }
 
 int64_t TierCopier::copied_step() const {
@@ -157,7 +157,7 @@ void TierCopier::loop(std::shared_ptr<Shared> s) {
     try {
       outcome.result = s->network->copy_from(folder, [&s] {
         // Bounded: a local save that hangs must not hang the network copy with it.
-        for (int i = 0; i < 3000 && s->held.load(std::memory_order_relaxed); ++i)
+        for (int i = 0; i < 3000 && s->holds.load(std::memory_order_relaxed) > 0; ++i)
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
       });
     } catch (const IoError& e) {

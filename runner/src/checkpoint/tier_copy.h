@@ -54,8 +54,10 @@ class TierCopier {
   /// While held, a copy in progress pauses between its 8 MiB chunks (at most 30 s at a time):
   /// the local tier holds it while a save writes its files, so that the network copy, best
   /// effort, never competes with the save that protects the run for a disk they share (the
-  /// page cache's writeback, a local disk under both tiers). The function returned sets the
-  /// hold from any thread, and may outlive the copier.
+  /// page cache's writeback, a local disk under both tiers), and the trainer holds it for a
+  /// save's stall, so that the copy takes no core or memory bandwidth from the host copy. The
+  /// function returned takes a hold (true) or gives one back (false), from any thread, and
+  /// may outlive the copier; the copy pauses while any is taken.
   std::function<void(bool held)> hold_function() const;
 
   /// The newest global step complete in the network tier by this copier (-1: none yet).

@@ -59,9 +59,9 @@ NamedTensors unpickle_from(std::shared_ptr<ReadAdapterInterface> reader, const s
     value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                               std::nullopt, std::nullopt, std::nullopt, archive);
   } catch (const std::exception& e) {
-    throw ResumeError(what + " is not a pickled tensor dict: " + e.what());
+    throw DamagedCheckpointError(what + " is not a pickled tensor dict: " + e.what());
   }
-  if (!value.isGenericDict()) throw ResumeError(what + " is not a pickled tensor dict");
+  if (!value.isGenericDict()) throw DamagedCheckpointError(what + " is not a pickled tensor dict");
   NamedTensors out;
   for (const auto& entry : value.toGenericDict())
     out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
@@ -87,19 +87,19 @@ struct FileSource {
     try {
       file = std::make_shared<VerifyingFileReader>(what, size, xxh3);
     } catch (const IoError& e) {
-      throw ResumeError(std::string("cannot read ") + e.what());
+      throw DamagedCheckpointError(std::string("cannot read ") + e.what());
     }
     reader = file;
   }
 
-  /// After the file's contents are decoded: throws ResumeError when a read failed or the
-  /// bytes were not those the checkpoint was verified with.
+  /// After the file's contents are decoded: throws DamagedCheckpointError when a read failed or
+  /// the bytes are not those of the manifest.
   void verify() const {
     if (!file) return;
     try {
       file->verify();
     } catch (const IoError& e) {
-      throw ResumeError(std::string("cannot read ") + e.what());
+      throw DamagedCheckpointError(std::string("cannot read ") + e.what());
     }
   }
 
@@ -107,7 +107,7 @@ struct FileSource {
     NamedTensors tensors;
     try {
       tensors = unpickle_from(reader, what);
-    } catch (const ResumeError&) {
+    } catch (const DamagedCheckpointError&) {
       verify();  // a read error or changed bytes say more than the parser's complaint
       throw;
     }
@@ -199,7 +199,8 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
           [&] { return optim.reader->size(); }, at::kCPU);
     } catch (const c10::Error& e) {
       optim.verify();  // a read error or changed bytes say more than the parser's complaint
-      throw ResumeError(optim.what + " is not an optimizer archive: " + e.what_without_backtrace());
+      throw DamagedCheckpointError(optim.what +
+                                   " is not an optimizer archive: " + e.what_without_backtrace());
     }
     optim.verify();
   }

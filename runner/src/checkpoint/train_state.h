@@ -22,7 +22,7 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 /// Pickles `tensors` as a dict (insertion order kept), the format torch.save writes and
 /// torch.load reads.
 std::string pickle_tensors(const NamedTensors& tensors);
-/// Inverse of pickle_tensors. Throws ResumeError for bytes that are not such a dict.
+/// Inverse of pickle_tensors. Throws DamagedCheckpointError for bytes that are not such a dict.
 NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what);
 
 /// The device `model`'s parameters live on; the CPU for a model without parameters.
@@ -48,21 +48,22 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
                                  const std::vector<NamedTensors>& rank_rng_states = {},
                                  int64_t* copied_bytes = nullptr);
 
-/// Loads a verified checkpoint into `model` (parameters and buffers copied in place, so
-/// the optimizer's references stay valid), `optimizer` and rank `rank`'s generators (the CPU
-/// one, and the model's CUDA device's when the checkpoint has its state). Its files are read
-/// once, straight into the tensors' storage, and checked against the manifest as they are
-/// read; all three are read and decoded before anything changes. Returns false when the
-/// checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
+/// Loads a checkpoint (CheckpointStore's choice, its sizes checked) into `model` (parameters and
+/// buffers copied in place, so the optimizer's references stay valid), `optimizer` and rank
+/// `rank`'s generators (the CPU one, and the model's CUDA device's when the checkpoint has its
+/// state). Its files are read once, straight into the tensors' storage, and checked against the
+/// manifest as they are read; all three are read and decoded before anything changes. Returns false
+/// when the checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
 /// generators are then left as they are.
-/// Throws ResumeError when a file cannot be read, is not what the manifest says (changed since
-/// it was verified) or does not decode, and when a tensor is missing or has another shape,
-/// naming it; the model, optimizer and generators are then unchanged.
+/// Throws DamagedCheckpointError when a file cannot be read, is not what the manifest says or
+/// does not decode (the resume then falls back to the previous checkpoint), and ResumeError
+/// when a tensor is missing or has another shape (the model is not the checkpoint's), naming
+/// it; the model, optimizer and generators are then unchanged.
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank = 0);
 
-/// The model's tensors of a verified checkpoint (model.pt, read and checked as restore_state()
-/// reads it). Throws ResumeError as restore_state() does.
+/// The model's tensors of a checkpoint (model.pt, read and checked as restore_state() reads
+/// it). Throws DamagedCheckpointError as restore_state() does.
 NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint);
 
 /// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).

@@ -25,8 +25,8 @@ VerifyingFileReader::VerifyingFileReader(std::string path, int64_t bytes, std::s
   }
   if (st.st_size != bytes) {
     ::close(fd_);
-    throw ResumeError(path_ + ": size " + std::to_string(st.st_size) +
-                      " != " + std::to_string(bytes) + " in manifest");
+    throw DamagedCheckpointError(path_ + ": size " + std::to_string(st.st_size) +
+                                 " != " + std::to_string(bytes) + " in manifest");
   }
   // Sequential: the kernel reads ahead of the records, which come in file order.
   (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -146,9 +146,9 @@ void VerifyingFileReader::verify() {
   }
   const std::string got = hash_.hex();
   if (hashed_ != size_ || got != want_)
-    throw ResumeError(path_ + " changed while it was loaded: xxh3 " + got + " over " +
-                      std::to_string(hashed_) + " bytes, manifest " + want_ + " over " +
-                      std::to_string(size_));
+    throw DamagedCheckpointError(path_ + " does not match its manifest: xxh3 " + got + " over " +
+                                 std::to_string(hashed_) + " bytes, manifest " + want_ + " over " +
+                                 std::to_string(size_));
 }
 
 int64_t VerifyingFileReader::reread_bytes() const {

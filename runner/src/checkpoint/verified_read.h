@@ -33,7 +33,8 @@ class VerifyingFileReader final : public caffe2::serialize::ReadAdapterInterface
   static constexpr size_t kSplitBytes = size_t{4} << 20;
 
   /// Opens `path`, which its manifest gives `bytes` bytes and the xxh3 `xxh3` (16 hex digits).
-  /// Throws IoError when it cannot be opened, ResumeError when its size is not `bytes`.
+  /// Throws IoError when it cannot be opened, DamagedCheckpointError when its size is not
+  /// `bytes`.
   VerifyingFileReader(std::string path, int64_t bytes, std::string xxh3);
   ~VerifyingFileReader() override;
   VerifyingFileReader(const VerifyingFileReader&) = delete;
@@ -47,8 +48,8 @@ class VerifyingFileReader final : public caffe2::serialize::ReadAdapterInterface
   size_t read(uint64_t pos, void* buf, size_t n, const char* what = "") const override;
 
   /// Reads what read() did not hash, then compares the whole file's xxh3 with the manifest's.
-  /// Throws IoError for a read error (this one's or an earlier read()'s), ResumeError naming the
-  /// file and both checksums when they differ (the file changed since it was verified).
+  /// Throws IoError for a read error (this one's or an earlier read()'s), DamagedCheckpointError
+  /// naming the file and both checksums when they differ.
   void verify();
 
   /// Bytes verify() read a second time (set aside beyond kAsideLimitBytes, or skipped by every

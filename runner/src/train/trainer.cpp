@@ -317,9 +317,10 @@ class Trainer {
   }
 
   /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
-  /// loop position, or starts fresh.
-  /// `read_seconds`: choosing, reading and verifying `loaded`.
-  void resume_or_start(const std::optional<LoadedCheckpoint>& loaded, double read_seconds) {
+  /// loop position, or starts fresh. A checkpoint found damaged as it is read is set aside and
+  /// `loaded` becomes the one restored instead.
+  /// `read_seconds`: choosing `loaded`.
+  void resume_or_start(std::optional<LoadedCheckpoint>& loaded, double read_seconds) {
     if (!options_.resume) {
       spdlog::info("starting a new run in {}", options_.ckpt_dir);
       return;
@@ -328,16 +329,26 @@ class Trainer {
       spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
       return;
     }
+    session_.meter->reset_peak();
+    const auto restore_start = Clock::now();
+    bool rng_restored = false;
+    for (;;) {
+      try {
+        rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
+        break;
+      } catch (const DamagedCheckpointError& e) {
+        loaded = checkpointer_.fall_back(*loaded, e.what());
+        if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
+        check_resumable(*loaded);
+      }
+    }
+    const double restore_seconds = seconds_since(restore_start);
     const CheckpointMeta& meta = loaded->meta;
     if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
       spdlog::warn(
           "checkpoint was written with {} threads and CPU capability {}; this run uses "
           "{} and {}: results will differ in the last bits",
           meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
-    session_.meter->reset_peak();
-    const auto restore_start = Clock::now();
-    const bool rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
-    const double restore_seconds = seconds_since(restore_start);
     if (!rng_restored)
       spdlog::warn(
           "rank {}: {} was written by {} rank(s) and holds no random state for this "

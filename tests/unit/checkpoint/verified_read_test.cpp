@@ -125,7 +125,7 @@ TEST_F(VerifiedRead, NothingReadIsReadByVerify) {
   EXPECT_NO_THROW(file.verify());
 }
 
-// The file changed after the checkpoint was verified (one byte, the size kept): the load is
+// The file is not what its manifest says (one byte changed, the size kept): the load is
 // refused, naming the file and both checksums.
 TEST_F(VerifiedRead, AChangedByteIsRefusedNamingTheFile) {
   write(1 << 20);
@@ -140,7 +140,7 @@ TEST_F(VerifiedRead, AChangedByteIsRefusedNamingTheFile) {
   } catch (const ResumeError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find(path_), std::string::npos) << what;
-    EXPECT_NE(what.find("changed while it was loaded"), std::string::npos) << what;
+    EXPECT_NE(what.find("does not match its manifest"), std::string::npos) << what;
     EXPECT_NE(what.find(verified), std::string::npos) << what;
   }
 }
