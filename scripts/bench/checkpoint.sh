@@ -42,13 +42,17 @@ evict "$one"/*
 build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-true" --resume 2>/dev/null
 build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-true" --resume 2>/dev/null
 bytes=$(cat "$one"/*.pt | wc -c)
-dd_line=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)
-rm -f "$work/dd.bin"
-"$python" - "$work" "$bytes" "$dd_line" "$one" <<'PY'
+# Three times: this disk's speed varies from write to write, as gpurun's twelve saves show.
+dd_lines=""
+for _ in 1 2 3; do
+  dd_lines+=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)$'\n'
+  rm -f "$work/dd.bin"
+done
+"$python" - "$work" "$bytes" "$dd_lines" "$one" <<'PY'
 import json, os, re, statistics, sys, time
 import numpy as np
 import torch
-work, nbytes, dd_line, one = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+work, nbytes, dd_lines, one = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def saves(mode):
     return [json.loads(l) for l in open(f"{work}/async-{mode}/metrics.jsonl") if '"event":"checkpoint"' in l]
 a, s, tiered = saves("true"), saves("false"), saves("tiered")
@@ -59,7 +63,8 @@ stall_tiered = statistics.median(e["stall_seconds"] for e in tiered)
 copies = sum(1 for l in open(f"{work}/async-tiered/metrics.jsonl") if '"event":"checkpoint_copied"' in l)
 build = statistics.median(e["build_seconds"] for e in a)
 size = statistics.median(e["bytes"] for e in a)
-write = statistics.median(e["write_seconds"] for e in a)
+# The writes of both runs: the synchronous ones with training paused, the async ones beside it.
+write = statistics.median(e["write_seconds"] for e in a + s)
 src = np.ones(nbytes, dtype=np.uint8)
 fresh, warm = [], []
 dst = np.empty_like(src); np.copyto(dst, src)
@@ -67,11 +72,12 @@ for _ in range(3):
     t = time.perf_counter(); c = src.copy(); fresh.append(time.perf_counter() - t); del c
     t = time.perf_counter(); np.copyto(dst, src); warm.append(time.perf_counter() - t)
 memcpy_fresh, memcpy_warm = min(fresh), min(warm)
-m = re.search(r"(\d+) bytes.* s, ([\d.]+) (\w?B)/s", dd_line)
-dd_bytes_per_s = None
-if m:
-    dd_seconds = float(re.search(r"([\d.]+) s,", dd_line).group(1))
-    dd_bytes_per_s = int(m.group(1)) / dd_seconds
+dd_rates = []
+for line in dd_lines.splitlines():
+    m = re.search(r"(\d+) bytes.* ([\d.]+) s,", line)
+    if m:
+        dd_rates.append(int(m.group(1)) / float(m.group(2)))
+dd_bytes_per_s = statistics.median(dd_rates) if dd_rates else None
 print(f"checkpoint size               : {size / 2**20:.1f} MiB ({len(a)} async saves, {len(s)} synchronous)")
 print(f"training stall, async         : {stall_async * 1000:8.1f} ms (median; the copy)")
 print(f"  then on the writer thread   : {build * 1000:8.1f} ms build (digest, pickling), {write * 1000:.1f} ms write")
@@ -102,9 +108,9 @@ with open(f"{work}/py-save.pt", "wb") as f:
     torch.save(state, f); f.flush(); os.fsync(f.fileno())
 py_save = time.perf_counter() - t0
 print(f"Python torch.save + fsync     : {py_bytes / py_save / 2**20:8.1f} MiB/s")
-print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (fsync of every file and folder)")
+print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (median of {len(a) + len(s)} saves; fsync of every file and folder)")
 if dd_bytes_per_s:
-    print(f"dd conv=fsync throughput      : {dd_bytes_per_s / 2**20:8.1f} MiB/s")
+    print(f"dd conv=fsync throughput      : {dd_bytes_per_s / 2**20:8.1f} MiB/s (median of {len(dd_rates)})")
     print(f"ratio write gpurun/dd         : {(size / write) / dd_bytes_per_s:.2f}   (goal >= 0.8)")
 print(f"ratio write gpurun/torch.save : {(size / write) / (py_bytes / py_save):.2f}")
 PY
