@@ -84,23 +84,15 @@ struct FileSource {
       return;
     }
     const auto [size, xxh3] = checkpoint.expected(name);
-    try {
-      file = std::make_shared<VerifyingFileReader>(what, size, xxh3);
-    } catch (const IoError& e) {
-      throw DamagedCheckpointError(std::string("cannot read ") + e.what());
-    }
+    file = std::make_shared<VerifyingFileReader>(what, size, xxh3);
     reader = file;
   }
 
-  /// After the file's contents are decoded: throws DamagedCheckpointError when a read failed or
-  /// the bytes are not those of the manifest.
+  /// After the file's contents are decoded: throws IoError when a read failed (the storage's
+  /// fault, not the checkpoint's: nothing is set aside), DamagedCheckpointError when the bytes
+  /// are not those of the manifest.
   void verify() const {
-    if (!file) return;
-    try {
-      file->verify();
-    } catch (const IoError& e) {
-      throw DamagedCheckpointError(std::string("cannot read ") + e.what());
-    }
+    if (file) file->verify();
   }
 
   NamedTensors unpickle() const {
@@ -187,8 +179,11 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
   const std::string& where = checkpoint.info.path;
   // model.pt on a second thread while this one reads optim.pt: most of a load is the kernel
   // copying from the page cache into fresh pages, which two cores do in about half the time.
-  std::future<NamedTensors> weights = std::async(
-      std::launch::async, [&checkpoint] { return FileSource(checkpoint, "model.pt").unpickle(); });
+  // The memory probe's checkpoint in memory is decoded on this thread, in one order: the peak
+  // it measures must not depend on how two threads' temporary buffers happen to overlap.
+  const auto policy = checkpoint.files.empty() ? std::launch::async : std::launch::deferred;
+  std::future<NamedTensors> weights =
+      std::async(policy, [&checkpoint] { return FileSource(checkpoint, "model.pt").unpickle(); });
   torch::serialize::InputArchive archive;
   {
     // To host memory first; optimizer.load() moves the state next to the parameters.

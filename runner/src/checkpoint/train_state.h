@@ -55,15 +55,16 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
 /// manifest as they are read; all three are read and decoded before anything changes. Returns false
 /// when the checkpoint has no CPU generator state for `rank` (it was written by fewer ranks); the
 /// generators are then left as they are.
-/// Throws DamagedCheckpointError when a file cannot be read, is not what the manifest says or
-/// does not decode (the resume then falls back to the previous checkpoint), and ResumeError
-/// when a tensor is missing or has another shape (the model is not the checkpoint's), naming
-/// it; the model, optimizer and generators are then unchanged.
+/// Throws DamagedCheckpointError when a file is not what the manifest says or does not decode
+/// (the resume then falls back to the previous checkpoint), IoError when a file cannot be
+/// opened or read (the storage failed: exit 1, and a restart reads the same checkpoint again),
+/// and ResumeError when a tensor is missing or has another shape (the model is not the
+/// checkpoint's), naming it; the model, optimizer and generators are then unchanged.
 bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, int rank = 0);
 
 /// The model's tensors of a checkpoint (model.pt, read and checked as restore_state() reads
-/// it). Throws DamagedCheckpointError as restore_state() does.
+/// it). Throws DamagedCheckpointError and IoError as restore_state() does.
 NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint);
 
 /// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).
