@@ -22,6 +22,7 @@
 #include "report/reporter.h"
 #include "util/bracket.h"
 #include "util/clock.h"
+#include "util/detached_call.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/signals.h"
@@ -31,19 +32,23 @@ namespace {
 namespace stdfs = std::filesystem;
 
 // The newest complete checkpoint's step by the manifests' sizes (no checksums), -1: none.
-int64_t newest_step(const CheckpointStore& store) {
-  const std::vector<CheckpointInfo> infos = store.list(/*verify=*/false);
+int64_t newest_step(const CheckpointView& view) {
+  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
   const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
   return newest ? newest->global_step : -1;
 }
 
-// Whether `store` holds a complete checkpoint of `global_step` or later; false when it cannot
-// be read.
-bool holds(const CheckpointStore& store, int64_t global_step) {
+// How long a stop or the end of a run waits for the network tier to be listed.
+constexpr double kNetworkListSeconds = 0.5;
+
+// The newest complete step of the network tier `dir`, listed on a thread of its own: nullopt
+// when that fails or takes longer than kNetworkListSeconds (storage that does not answer).
+std::optional<int64_t> network_newest_step(const std::string& dir) {
   try {
-    return newest_step(store) >= global_step;
+    return call_within<int64_t>(kNetworkListSeconds,
+                                [dir] { return newest_step(CheckpointView(dir)); });
   } catch (const std::exception&) {
-    return false;
+    return std::nullopt;
   }
 }
 
@@ -86,7 +91,19 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
   }
 }
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  // The lease covers every write: the network copy (which gives up after 1 s) and the write in
+  // flight end first. Its storage may hang; the release then waits kLeaseReleaseSeconds.
+  copier_.reset();
+  try {
+    writer_.wait();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}", e.what());
+  }
+  // A heartbeat stuck in storage that does not answer still uses its Lease: it stays
+  // allocated until the process exits.
+  if (lease_ && !lease_->release(kLeaseReleaseSeconds)) (void)lease_.release();
+}
 
 void Checkpointer::check_writable(const std::string& dir, const std::string& what) {
   const std::string probe = dir + "/.gpurun-write-probe-" + std::to_string(::getpid());
@@ -135,7 +152,7 @@ std::vector<std::string> Checkpointer::tier_dirs() const {
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) {
-  const int64_t local_step = newest_step(*local_), network_step = newest_step(store_);
+  const int64_t local_step = newest_step(local_->view()), network_step = newest_step(store_.view());
   // The newer tier first, the local one on a tie; the other only when the first falls back
   // (past damaged checkpoints, which each tier sets aside on its own) to an older step.
   CheckpointStore* order[2] = {local_.get(), &store_};
@@ -208,7 +225,7 @@ void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   last_checkpoint_ = path;
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
   if (local_ && rank_ == 0 && stdfs::path(path).parent_path() == stdfs::path(local_->dir()) &&
-      newest_step(store_) < global_step)
+      newest_step(store_.view()) < global_step)
     copier_->offer(path, global_step);
 }
 
@@ -426,13 +443,17 @@ void Checkpointer::report_copies() {
 }
 
 bool Checkpointer::network_holds(int64_t global_step) const {
-  return copier_->copied_step() >= global_step || holds(store_, global_step);
+  if (copier_->copied_step() >= global_step) return true;
+  const std::optional<int64_t> newest = network_newest_step(store_.dir());
+  return newest && *newest >= global_step;
 }
 
 void Checkpointer::settle_tiers(double seconds) {
   if (!copier_ || last_complete_step_ <= 0) return;
   const std::string name = folder_name(last_checkpoint_);
-  bool copied = network_holds(last_complete_step_);
+  // The copier's word, not a listing: the grace is for the copy, and storage that hangs would
+  // take it all.
+  bool copied = copier_->copied_step() >= last_complete_step_;
   if (!copied) {
     spdlog::info("giving the network copy of {} up to {:.0f} s", name, std::max(seconds, 0.0));
     copied = seconds > 0 &&
@@ -445,18 +466,15 @@ void Checkpointer::settle_tiers(double seconds) {
                  (stdfs::path(store_.dir()) / name).string());
     return;
   }
-  int64_t network = -1;
-  try {
-    network = newest_step(store_);
-  } catch (const std::exception& e) {
-    spdlog::warn("the network tier {} cannot be read: {}", store_.dir(), e.what());
-  }
+  const std::optional<int64_t> network = network_newest_step(store_.dir());
   spdlog::warn(
       "checkpoint {} is complete in the local tier only ({}); a restart on this machine resumes "
       "from it, another machine from {}",
       name, last_checkpoint_,
-      network < 0 ? "nothing (the network tier holds no checkpoint)"
-                  : "global step " + std::to_string(network) + " of the network tier");
+      !network ? "the network tier's newest checkpoint (" + store_.dir() +
+                     " cannot be listed: it does not answer or fails)"
+      : *network < 0 ? std::string("nothing (the network tier holds no checkpoint)")
+                     : "global step " + std::to_string(*network) + " of the network tier");
 }
 
 void Checkpointer::drain() {

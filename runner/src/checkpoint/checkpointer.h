@@ -45,7 +45,12 @@ class Checkpointer {
   /// `comm` is null for a single process.
   Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
                Collectives* comm);
+  /// Releases the lease once the network copy and the write in flight have ended, waiting
+  /// at most kLeaseReleaseSeconds for its storage.
   ~Checkpointer();
+
+  /// How long the end of a run waits for the lease's storage to remove lease.json.
+  static constexpr double kLeaseReleaseSeconds = 1.0;
 
   /// Creates `dir` when missing, then creates, writes (with fsync) and removes a file in it:
   /// the only proof that checkpoints can be written there (root ignores permission bits).

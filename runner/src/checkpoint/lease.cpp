@@ -21,6 +21,7 @@
 
 #include "gpurun/errors.h"
 #include "util/clock.h"
+#include "util/detached_call.h"
 #include "util/fs.h"
 #include "util/version.h"
 
@@ -427,9 +428,21 @@ void Lease::heartbeat() {
 }
 
 void Lease::heartbeat_loop() {
+  struct Finished {
+    Lease* lease;
+    ~Finished() {
+      std::lock_guard<std::mutex> guard(lease->mu_);
+      lease->thread_finished_ = true;
+      lease->stop_cv_.notify_all();
+    }
+  } finished{this};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    if (stop_cv_.wait_for(lock, Seconds(period_), [this] { return stop_; })) return;
+    if (stop_cv_.wait_for(lock, Seconds(period_), [this] { return stop_; })) {
+      lock.unlock();
+      remove_if_ours();  // here, so that release() can give up on storage that hangs
+      return;
+    }
     lock.unlock();
     try {
       heartbeat();
@@ -466,16 +479,61 @@ void Lease::heartbeat_loop() {
 }
 
 bool Lease::still_ours() const {
+  std::shared_ptr<DetachedCall<std::optional<LeaseHolder>>> read;
+  bool started = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (released_ || lost_ || expired_) return false;
+    // One read at a time: while one hangs, the next saves neither add another nor wait.
+    if (!pending_read_) {
+      started = true;
+      pending_read_ =
+          DetachedCall<std::optional<LeaseHolder>>::start([dir = dir_] { return read_lease(dir); });
+    }
+    read = pending_read_;
   }
-  return check_owner(read_lease(dir_));
+  if (!read->wait_for(started ? kReadWaitSeconds : 0)) {
+    if (!warned_unanswered_.exchange(true))
+      spdlog::warn(
+          "the lease {} could not be read within {:g} s (its storage does not answer); saving "
+          "on the heartbeat's word, which keeps the lease until checkpoint.lease_timeout",
+          path_, kReadWaitSeconds);
+    return !expired();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_read_ == read) pending_read_.reset();
+  }
+  warned_unanswered_ = false;
+  return check_owner(read->get());
 }
 
 bool Lease::lost() const { return lost_; }
 
-bool Lease::expired() const { return expired_; }
+bool Lease::expired() const {
+  if (expired_) return true;
+  double silent = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (released_) return false;
+    silent = Seconds(SteadyClock::now() - last_beat_).count();
+  }
+  // A heartbeat that fails says so (heartbeat_loop); one stuck in storage that does not answer
+  // says nothing, so the time since the last one written decides, by the same rule.
+  if (silent + period_ < timeout_) return false;
+  const std::string message = fmt::format(
+      "the lease of {} expired: no heartbeat could be written for {:.1f} s of its {:g} s "
+      "checkpoint.lease_timeout (the storage does not answer), so another machine may take the "
+      "directory over",
+      dir_, silent, timeout_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (trouble_.empty()) trouble_ = message;
+  }
+  if (!expired_.exchange(true))
+    spdlog::error("{}; this run must stop writing checkpoints there", message);
+  return true;
+}
 
 std::string Lease::trouble() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -487,22 +545,44 @@ LeaseHolder Lease::holder() const {
   return me_;
 }
 
-void Lease::release() {
+bool Lease::release(double wait_seconds) {
+  bool finished = true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
+    stop_cv_.notify_all();
+    if (thread_.joinable()) {
+      const auto done = [this] { return thread_finished_; };
+      if (wait_seconds < 0)
+        stop_cv_.wait(lock, done);
+      else
+        finished = stop_cv_.wait_for(lock, Seconds(wait_seconds), done);
+    }
   }
-  stop_cv_.notify_all();
+  if (!finished) {
+    std::call_once(join_once_, [this] { thread_.detach(); });
+    spdlog::warn(
+        "the lease {} could not be released within {:g} s (its storage does not answer); it "
+        "goes stale by itself after checkpoint.lease_timeout",
+        path_, wait_seconds);
+    return false;
+  }
   std::call_once(join_once_, [this] {
     if (thread_.joinable()) thread_.join();
   });
+  remove_if_ours();  // done by the thread when it ran; a no-op then
+  return true;
+}
+
+void Lease::remove_if_ours() {
   std::lock_guard<std::mutex> io(io_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (released_) return;
     released_ = true;
   }
-  if (lost_) return;
+  // Lost: not ours. Expired: the storage failed, and another run may hold it by now.
+  if (lost_ || expired_) return;
   try {
     const std::optional<LeaseHolder> h = read_lease(dir_);
     if (!h || h->token != token_) return;  // gone, or someone else's now: not ours to remove

@@ -61,6 +61,9 @@
 
 namespace gpurun {
 
+template <class T>
+class DetachedCall;
+
 /// What a holder recorded about the lease it replaced (absent for a free or unparsable one).
 struct LeaseTakeover {
   std::string token;    ///< the displaced holder's token
@@ -127,15 +130,22 @@ class Lease {
   /// Re-reads lease.json: false when another owner's token is there (lost() becomes true
   /// too), or after lost(), expired() or release(); true when our token is there, or when the
   /// file is absent or unparsable (no one else claims DIR; the next heartbeat rewrites it).
-  /// Throws IoError on read errors.
+  /// A read that takes longer than kReadWaitSeconds (storage that hangs) is not waited for,
+  /// nor, while it lasts, another one started: then !expired(), the heartbeat's word, with a
+  /// warning. Throws IoError on read errors.
   bool still_ours() const;
+
+  /// How long still_ours() waits for lease.json to be read.
+  static constexpr double kReadWaitSeconds = 1.0;
 
   /// True once the lease was found taken by another owner. It never becomes false again:
   /// the run must stop writing checkpoints into DIR.
   bool lost() const;
 
-  /// True once no heartbeat could be written for a whole lease timeout: other hosts may take
-  /// the lease over now, so the run must stop writing checkpoints into DIR. Never false again.
+  /// True once no heartbeat could be written for a whole lease timeout (less one heartbeat
+  /// period): other hosts may take the lease over now, so the run must stop writing
+  /// checkpoints into DIR. Also when the heartbeat hangs in storage that does not answer.
+  /// Never false again.
   bool expired() const;
 
   /// When lost() or expired(): what happened, for the run's final error ("lost the lease of
@@ -149,14 +159,19 @@ class Lease {
   /// The checkpoint directory.
   const std::string& dir() const { return dir_; }
 
-  /// Stops the heartbeat thread and removes lease.json if it still holds our token.
-  /// Idempotent; never throws (a removal failure is logged as a warning).
-  void release();
+  /// Stops the heartbeat thread, which removes lease.json if it still holds our token (not
+  /// after lost() or expired()). Waits for that at most `wait_seconds` (< 0: as long as it
+  /// takes); when storage that does not answer holds the thread longer, leaves it behind,
+  /// logs a warning and returns false: lease.json then goes stale by itself, and the thread
+  /// still uses this object, which the caller must then never destroy (the process exits
+  /// first). Idempotent; never throws (a removal failure is logged as a warning).
+  bool release(double wait_seconds = -1);
 
  private:
   using SteadyTime = std::chrono::steady_clock::time_point;
   Lease(std::string dir, double lease_timeout_seconds, LeaseHolder me);
   void heartbeat_loop();
+  void remove_if_ours();  // once: removes lease.json when it holds our token
   // False, and lost_ raised (logged once, trouble_ set), when `h` carries another owner's token.
   bool check_owner(const std::optional<LeaseHolder>& h) const;
 
@@ -175,7 +190,11 @@ class Lease {
   bool stop_ = false;
   mutable std::string trouble_;
   mutable std::atomic<bool> lost_{false};
-  std::atomic<bool> expired_{false};
+  mutable std::atomic<bool> expired_{false};
+  bool thread_finished_ = false;  // heartbeat_loop() returned (guarded by mu_)
+  // still_ours()'s read of lease.json while it lasts (guarded by mu_)
+  mutable std::shared_ptr<DetachedCall<std::optional<LeaseHolder>>> pending_read_;
+  mutable std::atomic<bool> warned_unanswered_{false};
   std::once_flag join_once_;
   std::thread thread_;
 };

@@ -68,7 +68,7 @@ TierCopier::~TierCopier() {
   std::unique_lock<std::mutex> lock(shared_->mutex);
   shared_->stopping = true;
   shared_->changed.notify_all();
-  shared_->changed.wait_for(lock, std::chrono::seconds(2), [&] { return !shared_->copying; });
+  shared_->changed.wait_for(lock, std::chrono::seconds(1), [&] { return !shared_->copying; });
   // The thread holds its own reference to the shared state and ends after its copy.
 }
 

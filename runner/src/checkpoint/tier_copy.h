@@ -37,7 +37,7 @@ class TierCopier {
   /// the destructor). `protect` is the local store: its retention spares the checkpoint being
   /// copied (CheckpointStore::set_retention_guard()).
   TierCopier(std::unique_ptr<CheckpointStore> network, CheckpointStore& protect);
-  /// Stops taking new work, lets a copy in progress finish for at most 2 s, then leaves the
+  /// Stops taking new work, lets a copy in progress finish for at most 1 s, then leaves the
   /// thread to end on its own (a hung network file system cannot be interrupted): the process
   /// exits without waiting for it, and what it had not renamed is only a temporary folder.
   ~TierCopier();
