@@ -22,6 +22,7 @@ packages=(
   libxxhash-dev libxxhash0
   zlib1g-dev zlib1g               # zlib1g: libz.so.1, which the -dev symlink points to
   libgtest-dev
+  libfuse3-dev libfuse3-3            # tests/tools/faultfs (the storage fault tests)
   libgloo-dev                        # headers only: c10d's ProcessGroupGloo.hpp includes them
   dataset-fashion-mnist              # /usr/share/datasets/fashion-mnist/*.gz
 )

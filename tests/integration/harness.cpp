@@ -129,6 +129,11 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
 void flip_byte(const std::string& path, int64_t offset, unsigned char mask) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   ASSERT_TRUE(f) << "cannot open " << path;

@@ -59,6 +59,9 @@ std::vector<nlohmann::json> events(const std::string& run_dir, const std::string
 /// Reads a whole file ("" when missing).
 std::string slurp(const std::string& path);
 
+/// `s` without trailing newlines and spaces (a LATEST file's name).
+std::string trimmed(std::string s);
+
 /// Flips the bits `mask` of the byte at `offset` of the file `path` in place (its size kept):
 /// damage that only its checksum finds.
 void flip_byte(const std::string& path, int64_t offset, unsigned char mask = 0x5a);

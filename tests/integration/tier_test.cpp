@@ -24,11 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 /// The one local tier under `local_dir` (a folder named after --ckpt), "" while none exists.
 std::string tier_under(const std::string& local_dir) {
   std::error_code ec;
