@@ -114,9 +114,10 @@ TEST(StorageFaults, FailingWritesAndRenamesLoseNothingCompleteAndAreEachNamed) {
   EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
 }
 
-// The network tier hangs (every operation blocks) under a run with a local tier: training goes
-// on and keeps checkpointing locally, and a stop signal still ends the run within
-// checkpoint.grace_seconds + 5 s, exit 75, with its newest checkpoint complete in the local tier.
+// The network tier hangs (every operation blocks) under a run with a local tier, and with it
+// the run directory, which stays --ckpt by default: training goes on and keeps checkpointing
+// locally, and a stop signal still ends the run within checkpoint.grace_seconds + 5 s, exit 75,
+// with its newest checkpoint complete in the local tier.
 TEST(StorageFaults, AHungNetworkTierNeverFreezesTrainingAndAStopSignalStillExitsInTime) {
   FaultFs storage;
   REQUIRE_FAULTFS(storage);
@@ -126,9 +127,8 @@ TEST(StorageFaults, AHungNetworkTierNeverFreezesTrainingAndAStopSignalStillExits
   const double grace = 3;
   const std::vector<std::string> sets{"checkpoint.every_steps=5", "checkpoint.local_dir=" + local,
                                       "checkpoint.grace_seconds=3"};
-  const pid_t pid =
-      start_gpurun(with_sets({config, "--ckpt", ckpt, "--run-dir", dir / "run"}, sets),
-                   dir / "gpurun", {{"GPURUN_FAULT", "sleep30:after_step:*"}});
+  const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "gpurun",
+                                 {{"GPURUN_FAULT", "sleep30:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, "", 120)) << slurp(dir / "gpurun.err");
   storage.set("hang *");
 
@@ -156,13 +156,11 @@ TEST(StorageFaults, AHungNetworkTierNeverFreezesTrainingAndAStopSignalStillExits
   EXPECT_GT(storage.injected()["hang"], 0) << storage.log();
   Result verify = run_gpurun({"ckpt", "verify", tier});
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
-  const auto stop_events = events(dir / "run", "signal");
-  ASSERT_EQ(stop_events.size(), 1u) << stopped.err;
+  EXPECT_TRUE(contains(stopped.err, "stopped by SIGTERM")) << stopped.err;
 
   // The storage answers again: the run resumes from the local tier's newest checkpoint.
   storage.set("");
-  Result resumed =
-      run_gpurun(with_sets({config, "--ckpt", ckpt, "--run-dir", dir / "run", "--resume"}, sets));
+  Result resumed = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_TRUE(contains(resumed.err, "resuming from the local tier")) << resumed.err;
 }

@@ -136,7 +136,7 @@ class Lease {
   bool still_ours() const;
 
   /// How long still_ours() waits for lease.json to be read.
-  static constexpr double kReadWaitSeconds = 1.0;
+  static constexpr double kReadWaitSeconds = 0.5;
 
   /// True once the lease was found taken by another owner. It never becomes false again:
   /// the run must stop writing checkpoints into DIR.

@@ -140,4 +140,10 @@ void BackgroundFileWriter::loop(std::shared_ptr<Shared> s) {
   }
 }
 
+double BackgroundFileWriter::seconds_behind() const {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  if (shared_->queue.empty()) return 0;
+  return std::chrono::duration<double>(Clock::now() - shared_->queue.front().queued).count();
+}
+
 }  // namespace gpurun

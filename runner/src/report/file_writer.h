@@ -28,6 +28,9 @@ class BackgroundFileWriter {
   /// Waits until everything queued so far is written, at most `seconds`; false on timeout.
   bool flush(double seconds);
 
+  /// Seconds the oldest write still waiting has waited; 0 when none waits.
+  double seconds_behind() const;
+
  private:
   struct Shared;
   static void loop(std::shared_ptr<Shared> shared);

@@ -1,6 +1,7 @@
 #include "report/reporter.h"
 
 #include "report/file_writer.h"
+#include "util/detached_call.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -160,8 +161,12 @@ bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& 
   event("done", done_fields);
   status(status_fields, true);
   flush_heartbeat();
-  if (!files_->flush(5))
-    spdlog::warn("the run directory {} did not take the run's last records within 5 s", run_dir_);
+  // 5 s for slow storage; 0.5 s for storage that already stopped answering, whose wait would
+  // only add to a stop's time.
+  const double wait = files_->seconds_behind() > 2 ? 0.5 : 5;
+  if (!files_->flush(wait))
+    spdlog::warn("the run directory {} did not take the run's last records within {:g} s", run_dir_,
+                 wait);
   return true;
 }
 
@@ -195,20 +200,27 @@ void Reporter::flush_heartbeat() {
 }
 
 void Reporter::write_heartbeat() {
+  // On storage that hangs: none is started while one still hangs (the next carries the newest
+  // step), and each is waited for a bounded time.
+  if (heartbeat_write_ && !heartbeat_write_->wait_for(0)) return;
   written_step_ = heartbeat_step_;
   // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
   // read_heartbeat_step() reports as -1.
-  // Written here, not by the background writer: a rank killed outright (SIGKILL, the OOM
+  // Waited for, not left to the background writer: a rank killed outright (SIGKILL, the OOM
   // killer) a moment later must leave the step it reached for the launcher's report. It is
   // one small write without fsync, at most once a second.
   const std::string text = "step " + std::to_string(heartbeat_step_) + "\n";
-  const int fd = ::open(heartbeat_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd >= 0) {
-    const ssize_t ignored = ::write(fd, text.data(), text.size());
-    (void)ignored;
-    ::futimens(fd, nullptr);
-    ::close(fd);
-  }
+  heartbeat_write_ = DetachedCall<bool>::start([path = heartbeat_path_, text] {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const ssize_t ignored = ::write(fd, text.data(), text.size());
+      (void)ignored;
+      ::futimens(fd, nullptr);
+      ::close(fd);
+    }
+    return fd >= 0;
+  });
+  (void)heartbeat_write_->wait_for(kHeartbeatWaitSeconds);
 }
 
 std::string heartbeat_path(const std::string& run_dir, int rank) {

@@ -22,6 +22,9 @@ class sink;
 
 namespace gpurun {
 
+template <class T>
+class DetachedCall;
+
 class BackgroundFileWriter;
 class ProgressLine;
 
@@ -78,6 +81,9 @@ class Reporter {
   std::string run_dir_;
   bool enabled_;
   std::string heartbeat_path_;
+  /// The heartbeat's write in progress, waited for at most kHeartbeatWaitSeconds.
+  std::shared_ptr<DetachedCall<bool>> heartbeat_write_;
+  static constexpr double kHeartbeatWaitSeconds = 0.2;
   int64_t heartbeat_step_ = -1;  ///< the last step given to heartbeat(), -1 before the first
   int64_t written_step_ = -1;    ///< the step the heartbeat file holds, -1 when none written
   bool tty_;
