@@ -178,7 +178,7 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) 
     if (!errors.empty()) throw ResumeError(errors);
     return best;
   }
-  const bool from_local = stdfs::path(best->info.path).parent_path() == stdfs::path(local_->dir());
+  const bool from_local = in_local_tier(best->info.path);
   const int64_t other = from_local ? network_step : local_step;
   spdlog::info("resuming from the {} tier: {} (the {} tier's newest: {})",
                from_local ? "local" : "network", best->info.path, from_local ? "network" : "local",
@@ -211,12 +211,14 @@ std::optional<LoadedCheckpoint> Checkpointer::choose() {
   return loaded;
 }
 
+bool Checkpointer::in_local_tier(const std::string& path) const {
+  return local_ && stdfs::path(path).parent_path() == stdfs::path(local_->dir());
+}
+
 std::optional<LoadedCheckpoint> Checkpointer::fall_back(const LoadedCheckpoint& damaged,
                                                         const std::string& problem) {
   if (comm_) throw DamagedCheckpointError(problem);  // verified by choose(): damaged since
-  const bool in_local =
-      local_ && stdfs::path(damaged.info.path).parent_path() == stdfs::path(local_->dir());
-  (in_local ? *local_ : store_).set_aside_damaged(damaged.info, problem);
+  (in_local_tier(damaged.info.path) ? *local_ : store_).set_aside_damaged(damaged.info, problem);
   return choose();
 }
 
@@ -224,8 +226,7 @@ void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   last_saved_step_ = last_complete_step_ = global_step;
   last_checkpoint_ = path;
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
-  if (local_ && rank_ == 0 && stdfs::path(path).parent_path() == stdfs::path(local_->dir()) &&
-      newest_step(store_.view()) < global_step)
+  if (rank_ == 0 && in_local_tier(path) && newest_step(store_.view()) < global_step)
     copier_->offer(path, global_step);
 }
 

@@ -169,6 +169,8 @@ class Checkpointer {
   std::map<int64_t, double> stalls_;     ///< global step -> stall of its save, until reported
   void check_lease() const;
   std::optional<LoadedCheckpoint> load_newest_of_tiers(bool verify);
+  /// Whether the checkpoint folder `path` is one of the local tier's.
+  bool in_local_tier(const std::string& path) const;
   void report_copies();
   /// Whether --ckpt holds `global_step` or a later one: copied by this run, or found there.
   bool network_holds(int64_t global_step) const;

@@ -447,27 +447,7 @@ void Lease::heartbeat_loop() {
     try {
       heartbeat();
     } catch (const std::exception& e) {
-      double silent = 0;
-      {
-        std::lock_guard<std::mutex> guard(mu_);
-        silent = Seconds(SteadyClock::now() - last_beat_).count();
-      }
-      // Step down before other hosts may see the lease as expired: when the next beat would
-      // come too late, this run can no longer count on holding the lease.
-      if (silent + period_ >= timeout_) {
-        const std::string message = fmt::format(
-            "the lease of {} expired: no heartbeat could be written for {:.1f} s of its {:g} s "
-            "checkpoint.lease_timeout (last error: {}), so another machine may take the "
-            "directory over",
-            dir_, silent, timeout_, e.what());
-        {
-          std::lock_guard<std::mutex> guard(mu_);
-          if (trouble_.empty()) trouble_ = message;
-        }
-        expired_ = true;
-        spdlog::error("{}; this run must stop writing checkpoints there", message);
-        return;
-      }
+      if (step_down(std::string("last error: ") + e.what())) return;
       spdlog::warn(
           "lease heartbeat of {} failed: {}; retrying in {:g} s (the run stops when no "
           "heartbeat is written for {:g} s)",
@@ -512,20 +492,28 @@ bool Lease::lost() const { return lost_; }
 
 bool Lease::expired() const {
   if (expired_) return true;
-  double silent = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (released_) return false;
-    silent = Seconds(SteadyClock::now() - last_beat_).count();
   }
   // A heartbeat that fails says so (heartbeat_loop); one stuck in storage that does not answer
   // says nothing, so the time since the last one written decides, by the same rule.
+  return step_down("the storage does not answer");
+}
+
+bool Lease::step_down(const std::string& cause) const {
+  double silent = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    silent = Seconds(SteadyClock::now() - last_beat_).count();
+  }
+  // Before other hosts may see the lease as expired: when the next beat would come too late,
+  // this run can no longer count on holding the lease.
   if (silent + period_ < timeout_) return false;
   const std::string message = fmt::format(
       "the lease of {} expired: no heartbeat could be written for {:.1f} s of its {:g} s "
-      "checkpoint.lease_timeout (the storage does not answer), so another machine may take the "
-      "directory over",
-      dir_, silent, timeout_);
+      "checkpoint.lease_timeout ({}), so another machine may take the directory over",
+      dir_, silent, timeout_, cause);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (trouble_.empty()) trouble_ = message;

@@ -172,6 +172,9 @@ class Lease {
   Lease(std::string dir, double lease_timeout_seconds, LeaseHolder me);
   void heartbeat_loop();
   void remove_if_ours();  // once: removes lease.json when it holds our token
+  // True, with expired() raised and `cause` logged once, when no heartbeat was written for the
+  // timeout less one period.
+  bool step_down(const std::string& cause) const;
   // False, and lost_ raised (logged once, trouble_ set), when `h` carries another owner's token.
   bool check_owner(const std::optional<LeaseHolder>& h) const;
 
