@@ -30,6 +30,7 @@ packages=(
   bible-kjv-text bible-kjv          # the King James Bible for examples/char_lm.yaml (see below)
   procps util-linux                 # ps/kill/mount used by the fault-injection tests
   libfuse3-dev                      # tests/tools/faultfs, the storage fault tests' FUSE file system
+  iproute2 nftables                 # ip netns, nft: the network fault tests' two nodes
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
 # would shadow the chosen LibTorch's, so it is removed when present.

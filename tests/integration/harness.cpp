@@ -81,6 +81,11 @@ Result run_gpurun(const std::vector<std::string>& args, const Env& env, double t
   return wait_gpurun(pid, logs / "gpurun", timeout_seconds);
 }
 
+pid_t start_program(const std::vector<std::string>& argv, const std::string& log_prefix,
+                    const Env& env) {
+  return spawn(argv, log_prefix + ".out", log_prefix + ".err", env);
+}
+
 Result run_program(const std::vector<std::string>& argv, double timeout_seconds) {
   TempDir logs;
   pid_t pid = spawn(argv, logs / "out", logs / "err", {});

@@ -38,6 +38,11 @@ Result wait_gpurun(pid_t pid, const std::string& log_prefix, double timeout_seco
 Result run_gpurun(const std::vector<std::string>& args, const Env& env = {},
                   double timeout_seconds = 300);
 
+/// Starts any program (argv[0] an absolute path), stdout/stderr to `log_prefix`.out/.err, in a
+/// process group of its own; wait_gpurun() waits for it like for gpurun.
+pid_t start_program(const std::vector<std::string>& argv, const std::string& log_prefix,
+                    const Env& env = {});
+
 /// Runs any program (e.g. /usr/bin/python3) to completion.
 Result run_program(const std::vector<std::string>& argv, double timeout_seconds = 120);
 

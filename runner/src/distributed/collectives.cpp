@@ -18,7 +18,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "distributed/peer_probe.h"
 #include "gpurun/errors.h"
+#include "util/clock.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {
@@ -27,15 +30,25 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
+/// The address the peers reach this rank at: loopback for a single-node job (which needs no
+/// route to this host's public name, which containers and laptops often lack), else the one
+/// the kernel routes to the master from. Not the host name's: Gloo's default binds to what the
+/// name resolves to and falls back to loopback when it resolves to nothing, and peers on other
+/// nodes can then never connect.
+std::string reachable_address(const DistEnv& env) {
+  if (is_loopback(env.master_addr)) return "127.0.0.1";
+  const std::string local = source_address_towards(env.master_addr, env.master_port);
+  return local.empty() ? "127.0.0.1" : local;
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& address) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
     return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  // A single-node job needs no route to this host's public name, which containers and
-  // laptops often lack.
-  if (is_loopback(env.master_addr))
-    return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+  return ::c10d::ProcessGroupGloo::createDeviceForHostname(address);
 }
+
+/// How long a failed collective waits for the peers' beacons (peer_probe.h).
+constexpr double kProbeSeconds = 2.0;
 
 }  // namespace
 
@@ -58,14 +71,36 @@ struct Collectives::Impl {
   }
   CollectiveStats stats;
   int64_t sequence = 0;  // names the store keys of broadcast() and gather()
+  int64_t step = -1;     // set_step()
+  std::string host = host_name();
+  std::unique_ptr<PeerBeacon> beacon;
+  std::vector<PeerAddress> peers;  // every other rank
 
   void wait(c10::intrusive_ptr<::c10d::Work> work, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
     try {
       work->wait();
     } catch (const std::exception& e) {
-      throw Error(std::string(what) + " across " + std::to_string(env.world_size) +
-                  " ranks failed (rank " + std::to_string(env.rank) + "): " + e.what() +
-                  " (a peer died or timed out)");
+      const double seconds = seconds_since(start);
+      const std::string at = step >= 0 ? " during step " + std::to_string(step) : "";
+      throw Error("rank " + std::to_string(env.rank) + " on " + host + ": " + what + " across " +
+                  std::to_string(env.world_size) + " ranks" + at + " failed after " +
+                  format_seconds(seconds) + " s: " + e.what() + "; " +
+                  partition_report(peers, peers_answering(peers, kProbeSeconds), kProbeSeconds));
+    }
+  }
+
+  /// Publishes this rank's beacon and reads every peer's (peer_probe.h).
+  void exchange_addresses(const std::string& address) {
+    beacon = std::make_unique<PeerBeacon>(address);
+    const PeerAddress mine{env.rank, host, address, beacon->port()};
+    const std::string text = mine.to_text();
+    store->set("gpurun/peer/" + std::to_string(env.rank),
+               std::vector<uint8_t>(text.begin(), text.end()));
+    for (int r = 0; r < env.world_size; ++r) {
+      if (r == env.rank) continue;
+      const std::vector<uint8_t> bytes = store->get("gpurun/peer/" + std::to_string(r));
+      peers.push_back(PeerAddress::parse(r, std::string(bytes.begin(), bytes.end())));
     }
   }
 
@@ -102,6 +137,8 @@ std::unique_ptr<Collectives> Collectives::connect(const DistEnv& env, c10::Devic
                 ": rendezvous at " + where + " failed within " +
                 std::to_string(static_cast<int>(timeout_seconds)) + " s: " + e.what());
   }
+  const std::string address = reachable_address(env);
+  impl->exchange_addresses(address);
   auto group_store = c10::make_intrusive<::c10d::PrefixStore>("pg", impl->store);
   if (device.is_cuda()) {
 #ifdef GPURUN_WITH_NCCL
@@ -115,14 +152,16 @@ std::unique_ptr<Collectives> Collectives::connect(const DistEnv& env, c10::Devic
 #endif
   } else {
     auto options = ::c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(gloo_device(env));
+    options->devices.push_back(gloo_device(address));
     impl->gloo = c10::make_intrusive<::c10d::ProcessGroupGloo>(group_store, env.rank,
                                                                env.world_size, options);
   }
-  spdlog::info("rank {} of {} joined the process group at {} ({})", env.rank, env.world_size, where,
-               device.is_cuda() ? "NCCL" : "Gloo");
+  spdlog::info("rank {} of {} on {} ({}) joined the process group at {} ({})", env.rank,
+               env.world_size, impl->host, address, where, device.is_cuda() ? "NCCL" : "Gloo");
   return std::unique_ptr<Collectives>(new Collectives(std::move(impl)));
 }
+
+void Collectives::set_step(int64_t global_step) { impl_->step = global_step; }
 
 int Collectives::rank() const { return impl_->env.rank; }
 int Collectives::world_size() const { return impl_->env.world_size; }

@@ -11,7 +11,9 @@
 // a reduction after backward has neither problem.
 //
 // Every call is collective: all ranks must make the same calls in the same order. A peer that
-// died makes the call throw (Gloo: connection closed) or time out after `timeout_seconds`.
+// died makes the call throw (Gloo: connection closed) or time out after `timeout_seconds`; the
+// Error then names this rank, its host, the step, how long it waited and whether each peer's
+// node still answers on the network (peer_probe.h), telling a partition from a stuck peer.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +77,9 @@ class Collectives {
   void broadcast_tensors(const std::vector<at::Tensor>& tensors);
 
   const CollectiveStats& stats() const;
+
+  /// The global step the next collectives belong to, for the message of one that fails.
+  void set_step(int64_t global_step);
 
  private:
   struct Impl;

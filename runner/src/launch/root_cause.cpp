@@ -7,6 +7,7 @@
 
 #include "gpurun/errors.h"
 #include "util/signals.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {
@@ -72,10 +73,6 @@ int outcome_of(const std::vector<WorkerExit>& exits, int root) {
   for (size_t i = 0; i < exits.size(); ++i)
     if (exits[i].exit_code == kExitSignal || exits[i].signal != 0) return static_cast<int>(i);
   return 0;
-}
-
-std::string format_seconds(double s) {
-  return s >= 10 ? fmt::format("{:.0f}", s) : fmt::format("{:.1f}", s);
 }
 
 }  // namespace gpurun

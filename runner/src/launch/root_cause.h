@@ -52,7 +52,4 @@ int root_cause_among(const std::vector<WorkerExit>& exits, const std::vector<int
 /// worker. `exits` must not be empty.
 int outcome_of(const std::vector<WorkerExit>& exits, int root);
 
-/// Seconds for messages: "12", "1.5" (one decimal below 10 s).
-std::string format_seconds(double s);
-
 }  // namespace gpurun

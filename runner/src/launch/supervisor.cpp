@@ -20,6 +20,7 @@
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/signals.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {

@@ -478,6 +478,7 @@ class Trainer {
         std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
                                     rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
                                     out_of_memory ? 1.0 : 0.0};
+        comm_->set_step(global_step_ + 1);
         comm_->sync_gradients(params_, control);
         loss = control[0];
         agreed_stop_ = control[1] > 0;

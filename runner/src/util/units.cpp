@@ -60,4 +60,10 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+std::string format_seconds(double seconds) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, seconds >= 10 ? "%.0f" : "%.1f", seconds);
+  return buf;
+}
+
 }  // namespace gpurun

@@ -1,4 +1,5 @@
-// Byte counts as users write them (--memory-limit, memory.capacity) and as messages print them.
+// Byte counts and durations as users write them (--memory-limit, memory.capacity) and as messages
+// print them.
 #pragma once
 
 #include <cstdint>
@@ -13,5 +14,8 @@ int64_t parse_size(const std::string& text);
 
 /// Bytes as "512 B", "1.50 KiB", "3.00 MiB" for messages (binary units, two decimals).
 std::string format_bytes(int64_t bytes);
+
+/// Seconds for messages: "12", "1.5" (one decimal below 10 s).
+std::string format_seconds(double seconds);
 
 }  // namespace gpurun
