@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,154 @@ TEST(StorageFaults, AHungNetworkTierNeverFreezesTrainingAndAStopSignalStillExits
   Result resumed = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_TRUE(contains(resumed.err, "resuming from the local tier")) << resumed.err;
+}
+
+/// The global_step of `ckpt`'s newest complete checkpoint (LATEST's folder), -1 when none.
+int64_t newest_step(const std::string& ckpt) {
+  const std::string latest = trimmed(slurp(ckpt + "/LATEST"));
+  if (latest.empty()) return -1;
+  return std::stoll(latest.substr(latest.rfind("-s") + 2));
+}
+
+// Three SIGKILLs of a run whose storage is slow (every write, fsync and rename waits 10 ms, as
+// on a loaded NFS server) and drops one checkpoint write in twenty with EIO: each resume starts
+// from a checkpoint at least as new as the newest complete one before the kill (nothing
+// complete is lost), and the run, finished with the storage still slow, ends at the
+// uninterrupted digest.
+TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestCompleteAndEndsExact) {
+  FaultFs storage;
+  REQUIRE_FAULTFS(storage);
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(1200, 40, 3));
+  const std::vector<std::string> sets{"checkpoint.every_steps=4", "checkpoint.max_failures=20"};
+  const std::string expected = reference_digest(dir, config, sets);
+  const std::string ckpt = storage.path() + "/ckpt";
+  const std::string slow = "delay write,fsync,rename 10\n";
+  storage.set(slow + "error write EIO prob 0.05 path /.tmp-ckpt-\nseed 7");
+
+  int survived = 0;
+  std::vector<int64_t> complete_at_kill;
+  for (int kill_number = 0; kill_number < 3; ++kill_number) {
+    std::vector<std::string> args = with_sets({config, "--ckpt", ckpt}, sets);
+    if (kill_number > 0) args.push_back("--resume");
+    const std::string log = dir / ("run" + std::to_string(kill_number));
+    const pid_t pid = start_gpurun(args, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    const std::string before = slurp(ckpt + "/LATEST");
+    ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, before, 120)) << slurp(log + ".err");
+    ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, slurp(ckpt + "/LATEST"), 120))
+        << slurp(log + ".err");
+    ::kill(pid, SIGKILL);
+    Result killed = wait_gpurun(pid, log, 30);
+    ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+    complete_at_kill.push_back(newest_step(ckpt));
+    ASSERT_GT(complete_at_kill.back(), 0);
+    Result check = run_gpurun({"ckpt", "verify", ckpt});
+    EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+    survived += check.exit_code == 0;
+  }
+  storage.set(slow);
+  Result done = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const auto resumes = events(ckpt, "resume");
+  ASSERT_EQ(resumes.size(), 3u);
+  // Each resume starts from the newest checkpoint complete at the kill, never an older one.
+  for (size_t i = 0; i < resumes.size(); ++i)
+    EXPECT_EQ(resumes[i].value("global_step", -1), complete_at_kill[i]) << i;
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
+  const auto counts = storage.injected();
+  std::cout << "[ measured ] kills survived " << survived << "; faults injected: delay "
+            << (counts.count("delay") ? counts.at("delay") : 0) << ", EIO "
+            << (counts.count("EIO") ? counts.at("EIO") : 0) << "\n";
+  EXPECT_GT(counts.count("delay") ? counts.at("delay") : 0, 0) << storage.log();
+}
+
+// The lease on slow storage (every operation waits 5 ms): a holder killed with SIGKILL is taken
+// over at once by the next run on this host, which resumes from its newest checkpoint. When the
+// storage then turns read-only, that run's lease expires and it stops with exit 1, and its
+// newest complete checkpoint is still complete.
+TEST(StorageFaults, ALeaseOnSlowStorageIsTakenOverFromAKilledHolderAndAReadOnlyTurnStopsTheRun) {
+  FaultFs storage;
+  REQUIRE_FAULTFS(storage);
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 30, 50));  // 1000 steps
+  const std::string ckpt = storage.path() + "/ckpt";
+  const std::vector<std::string> sets{"checkpoint.lease_timeout=2", "checkpoint.every_steps=5",
+                                      "checkpoint.max_failures=1000"};
+  const Env slow_steps{{"GPURUN_FAULT", "sleep50:after_step:*"}};
+  storage.set("delay * 5");
+  const pid_t holder =
+      start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "holder", slow_steps);
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, holder, "", 120)) << slurp(dir / "holder.err");
+  ::kill(holder, SIGKILL);
+  wait_gpurun(holder, dir / "holder", 30);
+  const int64_t complete = newest_step(ckpt);
+
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t taker =
+      start_gpurun(with_sets({config, "--ckpt", ckpt, "--resume", "--run-dir", dir / "run"}, sets),
+                   dir / "taker", slow_steps);
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, taker, slurp(ckpt + "/LATEST"), 120))
+      << slurp(dir / "taker.err");
+  const auto resumes = events(dir / "run", "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0].value("global_step", -1), complete);
+  const std::string taken = slurp(dir / "taker.err");
+  EXPECT_TRUE(contains(taken, "is gone from this host")) << taken;
+  // Taken over at once: the dead holder's pid is checked, its heartbeat is not waited out.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30);
+
+  storage.set("readonly");
+  Result r = wait_gpurun(taker, dir / "taker", 120);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "the lease of " + ckpt + " expired")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
+  EXPECT_GT(storage.injected()["EROFS"], 0) << storage.log();
+  storage.set("");
+  Result verify = run_gpurun({"ckpt", "verify", ckpt});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
+// data.path on flaky network storage, staged to a local disk: a read error while copying stops
+// the run before training with exit 1 naming the file and the error, and leaves no partial copy
+// that a later run could take for complete; with the storage merely slow, the next run stages
+// every file again and trains the model an unstaged run trains.
+TEST(StorageFaults, DataStagedFromAFlakyMountIsNeverTakenHalfCopiedAndTrainsTheSameModel) {
+  FaultFs storage;
+  REQUIRE_FAULTFS(storage);
+  TempDir dir;
+  for (const auto& e : fs::directory_iterator("/usr/share/datasets/fashion-mnist"))
+    fs::copy_file(e.path(), storage.source() + "/" + e.path().filename().string());
+  const std::string config = write_config(dir, small_config(600, 40, 1));
+  const std::string stage = dir / "stage";
+  const std::vector<std::string> sets{"data.path=" + storage.path(), "data.stage_dir=" + stage};
+  Result reference =
+      run_gpurun({config, "--ckpt", dir / "reference", "--set", "data.path=" + storage.path()});
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+
+  storage.set("error read EIO after 3 path train-images");
+  Result failed = run_gpurun(with_sets({config, "--ckpt", dir / "failed"}, sets));
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  EXPECT_TRUE(contains(failed.err, "train-images-idx3-ubyte.gz")) << failed.err;
+  EXPECT_TRUE(contains(failed.err, "Input/output error")) << failed.err;
+  EXPECT_GT(storage.injected()["EIO"], 0) << storage.log();
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(stage, ec))
+    EXPECT_EQ(e.path().filename().string().find("train-images"), std::string::npos)
+        << "a partial copy was left: " << e.path();
+
+  storage.set("delay read 2");
+  Result staged = run_gpurun(with_sets({config, "--ckpt", dir / "staged"}, sets));
+  ASSERT_EQ(staged.exit_code, 0) << staged.err;
+  const auto plan = events(dir / "staged", "plan");
+  ASSERT_EQ(plan.size(), 1u);
+  const nlohmann::json stage_result = plan[0]["data_stage"][0];
+  EXPECT_GE(stage_result.value("copied_files", 0), 1) << stage_result.dump();
+  EXPECT_EQ(stage_result.value("files", 0), 4) << stage_result.dump();
+  const std::string copy = stage_result.value("copy", "");
+  for (const auto& e : fs::directory_iterator(storage.source()))
+    EXPECT_EQ(slurp(copy + "/" + e.path().filename().string()), slurp(e.path().string()));
+  EXPECT_EQ(inspect(dir / "staged").value("model_digest", "x"),
+            inspect(dir / "reference").value("model_digest", "y"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -22,6 +23,24 @@
 
 namespace gpurun {
 namespace {
+
+/// Whether an errno of staging is fixed by the user rather than by trying again.
+bool needs_the_user(int error) {
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT:
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ENOENT:
+    case ENOTDIR:
+    case EISDIR:
+    case ENAMETOOLONG:
+      return true;
+    default:
+      return false;
+  }
+}
 
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
@@ -187,8 +206,12 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
       });
     } catch (const IoError& e) {
       ::unlink(tmp.c_str());  // a full disk must not stay full of a half copy
-      throw IoError("copy (staging needs " + format_bytes(copy_total) +
-                        " free for the files that changed) to " + tmp + " from",
+      const bool full = e.error_number() == ENOSPC || e.error_number() == EDQUOT;
+      throw IoError("copy" +
+                        (full ? " (staging needs " + format_bytes(copy_total) +
+                                    " free for the files that changed)"
+                              : std::string()) +
+                        " to " + tmp + " from",
                     f->path, e.error_number());
     }
     const std::string written = hash_of(tmp);
@@ -244,9 +267,13 @@ json stage_data(DataConfig& data, bool log) {
     try {
       r = stage_path(*path, dir.string(), key);
     } catch (const IoError& e) {
-      // Staging is set-up, like opening the data: a failure is the configuration's to fix.
-      throw ConfigError("data.stage_dir: cannot stage " + std::string(key) + " " + *path + " in " +
-                        dir.string() + " (" + e.what() + ")");
+      const std::string what = "data.stage_dir: cannot stage " + std::string(key) + " " + *path +
+                               " in " + dir.string() + " (" + e.what() + ")";
+      // A full, read-only or forbidden place, or a missing source, is the configuration's to
+      // fix (exit 2, not retried); a read error of network storage may pass (exit 1: a
+      // supervisor tries again).
+      if (needs_the_user(e.error_number())) throw ConfigError(what);
+      throw Error(what);
     }
     if (log) spdlog::info("{}", r.describe(key));
     *path = r.copy;
