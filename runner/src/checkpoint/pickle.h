@@ -24,6 +24,22 @@ std::string pickle_tensors(const NamedTensors& tensors);
 /// keys are not strings or whose values are not tensors.
 NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what);
 
+/// The archive in `bytes`, which must outlive it, for unpickle_tensors(). Unlike LibTorch's
+/// MemoryReadAdapter, which copies whatever lies at the offset asked for, a read beyond the end
+/// gets only the bytes there are (none): the offsets come from the zip archive's own
+/// directory, which a damaged file fills with anything, and a short read is reported by the
+/// archive reader as the file's damage.
+class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReadAdapter(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  /// Copies up to `n` bytes from offset `pos` into `buf`; returns how many (0 past the end).
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what = "") const override;
+
+ private:
+  const std::string& bytes_;
+};
+
 /// unpickle_tensors() of the archive `reader` reads (a file read as it is checked, or bytes).
 NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInterface> reader,
                               const std::string& what);

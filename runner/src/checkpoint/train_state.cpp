@@ -2,7 +2,6 @@
 
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
@@ -38,7 +37,7 @@ struct FileSource {
       : what(checkpoint.info.path + "/" + name) {
     if (!checkpoint.files.empty()) {
       const std::string& bytes = checkpoint.file(name);
-      reader = std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size());
+      reader = std::make_shared<BytesReadAdapter>(bytes);
       return;
     }
     const auto [size, xxh3] = checkpoint.expected(name);
