@@ -59,14 +59,15 @@ std::string outside_storage(const at::Tensor& t) {
          std::to_string(t.storage().nbytes()) + " bytes";
 }
 
-/// Why the pickle `p` (`n` bytes) must not reach LibTorch's unpickler, or "": a memo index
-/// beyond the entries stored so far. The unpickler resizes its memo table to whatever index a
-/// PUT names (16 bytes an entry, all written), so four bytes of a damaged file would make it
-/// allocate and fill up to 64 GiB. Picklers (Python's, LibTorch's) number memo entries 0, 1, 2,
-/// ...; an index may name an entry again, never skip ahead. The walk knows every opcode of
-/// pickle protocols 0 to 5 and leaves anything it cannot walk (an unknown opcode, a truncated
-/// argument) to the unpickler, which rejects it.
-std::string memo_problem(const char* p, size_t n) {
+/// Why the pickle `p` (`n` bytes) must not reach LibTorch's unpickler, or "". The unpickler
+/// believes two numbers of the file: the memo index of a PUT, to which it resizes its memo
+/// table (16 bytes an entry, all written: four bytes of a damaged file made it fill 64 GiB), and
+/// the length of a string or bytes argument, which it reserves before it reads (1.7 GB for a
+/// 369-byte pickle). Picklers (Python's, LibTorch's) number memo entries 0, 1, 2, ...: an index
+/// may name an entry again, never skip ahead; and an argument lies within the pickle. The walk
+/// knows every opcode of pickle protocols 0 to 5 and leaves what it cannot walk (an unknown
+/// opcode, a truncated fixed-size argument) to the unpickler, which rejects it.
+std::string pickle_problem(const char* p, size_t n) {
   uint64_t entries = 0;
   const auto put = [&](uint64_t index, size_t at) -> std::string {
     if (index > entries)
@@ -196,7 +197,9 @@ std::string memo_problem(const char* p, size_t n) {
       if (n - i < prefix) return "";
       const uint64_t length = little_endian(i, prefix);
       i += prefix;
-      if (length > n - i) return "";
+      if (length > n - i)
+        return "its pickle's argument at byte " + std::to_string(at) + " claims " +
+               std::to_string(length) + " bytes, " + std::to_string(n - i) + " follow";
       i += static_cast<size_t>(length);
     }
     for (int k = 0; k < lines; ++k) {
@@ -250,7 +253,7 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
     caffe2::serialize::PyTorchStreamReader archive(std::move(reader));
     if (archive.hasRecord("data.pkl")) {  // otherwise readArchiveAndTensors() names what lacks
       const auto [pickle, size] = archive.getRecord("data.pkl");
-      problem = memo_problem(static_cast<const char*>(pickle.get()), size);
+      problem = pickle_problem(static_cast<const char*>(pickle.get()), size);
     }
     if (problem.empty())
       value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
