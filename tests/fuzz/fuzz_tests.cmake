@@ -33,6 +33,8 @@ message(STATUS "gpurun: fuzz targets with ${GPURUN_FUZZ_CLANG} (tests/fuzz)")
 # A build of its own with clang (tests/fuzz/CMakeLists.txt says why), configured and built as
 # part of this one; the same LibTorch and the same compiler cache.
 include(ExternalProject)
+cmake_host_system_information(RESULT GPURUN_CORES QUERY NUMBER_OF_LOGICAL_CORES)
+set(GPURUN_FUZZ_JOBS ${GPURUN_CORES} CACHE STRING "parallel jobs of the fuzz targets' build")
 set(GPURUN_FUZZ_BINARY_DIR ${CMAKE_CURRENT_BINARY_DIR}/fuzz-build)
 set(GPURUN_FUZZ_BINARIES "")
 foreach(target IN LISTS GPURUN_FUZZ_TARGETS)
@@ -45,6 +47,8 @@ ExternalProject_Add(gpurun_fuzz
              -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
              -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
              -DGPURUN_VERSION_STRING=${PROJECT_VERSION}
+  # Its own Ninja, which knows nothing of the outer one's -j: as many jobs as cores unless told.
+  BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> -j ${GPURUN_FUZZ_JOBS}
   # Rebuilt whenever this build runs, so that a change to a parser reaches its target.
   BUILD_ALWAYS ON
   BUILD_BYPRODUCTS ${GPURUN_FUZZ_BINARIES}
