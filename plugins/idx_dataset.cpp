@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <vector>
 
 #include "builtin.h"
 #include "gpurun/errors.h"
@@ -32,22 +34,27 @@ std::string locate(const std::string& dir, const std::string& name) {
 
 /// Reads one IDX file of unsigned bytes: magic 0x0000 08 D (D = number of dimensions), D
 /// big-endian uint32 sizes, then the data. Returns a uint8 tensor of those sizes, limited to
-/// the first `limit` items when limit > 0.
+/// the first `limit` items when limit > 0. Throws ConfigError naming the file when it is not
+/// such a file, holds no items, or holds fewer bytes than its sizes say.
 at::Tensor read_idx(const std::string& path, int expected_dims, int64_t limit) {
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
   if (!f) throw ConfigError("data.path: cannot open " + path + ": " + std::strerror(errno));
-  auto read_exact = [&](void* buf, size_t bytes) {
+  // Bytes up to `bytes`, fewer at the end of the file; a read error throws.
+  auto read_some = [&](void* buf, size_t bytes) {
     size_t done = 0;
     while (done < bytes) {
       int n = gzread(f.get(), static_cast<char*>(buf) + done,
                      static_cast<unsigned>(std::min<size_t>(bytes - done, 1u << 30)));
-      if (n <= 0) throw ConfigError("data.path: " + path + " is truncated or not a valid IDX file");
+      if (n < 0) throw ConfigError("data.path: cannot read " + path + " (corrupt gzip?)");
+      if (n == 0) break;
       done += static_cast<size_t>(n);
     }
+    return done;
   };
   auto read_u32 = [&]() {
     unsigned char b[4];
-    read_exact(b, 4);
+    if (read_some(b, 4) < 4)
+      throw ConfigError("data.path: " + path + " is truncated or not a valid IDX file");
     return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
   };
   uint32_t magic = read_u32();
@@ -62,10 +69,38 @@ at::Tensor read_idx(const std::string& path, int expected_dims, int64_t limit) {
                       ")");
   std::vector<int64_t> sizes;
   for (int d = 0; d < expected_dims; ++d) sizes.push_back(read_u32());
+  std::string shape;
+  for (int64_t s : sizes) shape += (shape.empty() ? "" : " x ") + std::to_string(s);
   if (limit > 0 && limit < sizes[0]) sizes[0] = limit;
-  at::Tensor out = at::empty(sizes, at::kByte);
-  read_exact(out.data_ptr(), static_cast<size_t>(out.numel()));
-  return out;
+  // The sizes are the file's word, not yet its bytes: a corrupt header may promise terabytes,
+  // so the data is read as it comes, never allocated from the header alone.
+  uint64_t total = 1;
+  for (int64_t s : sizes) {
+    if (s == 0) throw ConfigError("data.path: " + path + " holds no items (sizes " + shape + ")");
+    if (total > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(s))
+      throw ConfigError("data.path: " + path + " is not a valid IDX file: sizes " + shape +
+                        " are more bytes than any file holds");
+    total *= static_cast<uint64_t>(s);
+  }
+  auto data = std::make_unique<std::vector<uint8_t>>();
+  constexpr size_t kChunk = size_t{1} << 24;
+  while (data->size() < total) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, total - data->size()));
+    const size_t old_size = data->size();
+    data->resize(old_size + want);
+    const size_t got = read_some(data->data() + old_size, want);
+    data->resize(old_size + got);
+    if (got < want) break;
+  }
+  if (data->size() < total)
+    throw ConfigError(
+        "data.path: " + path + " is truncated: its header says sizes " + shape +
+        (limit > 0 ? " (the first " + std::to_string(sizes[0]) + " items read)" : "") + ", " +
+        std::to_string(total) + " bytes, but it ends " + std::to_string(data->size()) +
+        " bytes after the header");
+  std::vector<uint8_t>* owned = data.release();
+  return at::from_blob(
+      owned->data(), sizes, [owned](void*) { delete owned; }, at::kByte);
 }
 
 DatasetSplits load_idx(const DataConfig& c) {

@@ -88,7 +88,7 @@ if [ -z "$build_dir" ]; then
   t0=$(date +%s)
   if TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0"} \
      cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-       -DGPURUN_BUILD_TESTS=ON -DGPURUN_PYTHON="$(command -v "$python")" \
+       -DGPURUN_BUILD_TESTS=ON -DGPURUN_BUILD_FUZZ=OFF -DGPURUN_PYTHON="$(command -v "$python")" \
        -DCMAKE_PREFIX_PATH="$prefix;$sysroot/usr" \
        >"$logs/configure.log" 2>&1 &&
      cmake --build "$build_dir" -j"$(nproc)" >"$logs/build.log" 2>&1; then

@@ -31,6 +31,7 @@ packages=(
   procps util-linux                 # ps/kill/mount used by the fault-injection tests
   libfuse3-dev                      # tests/tools/faultfs, the storage fault tests' FUSE file system
   iproute2 nftables                 # ip netns, nft: the network fault tests' two nodes
+  clang                             # tests/fuzz: libFuzzer and the sanitizers (ctest -L fuzz)
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
 # would shadow the chosen LibTorch's, so it is removed when present.
@@ -90,6 +91,15 @@ else
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# libFuzzer's runtime (tests/fuzz) is only a Recommends of clang, which --no-install-recommends
+# leaves out; its package carries clang's major version (Debian 12: 14, Ubuntu 24.04: 18).
+clang_major=$(clang --version 2>/dev/null | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)
+if [ -n "$clang_major" ] && ! installed "libclang-rt-$clang_major-dev"; then
+  echo "install-deps: installing libclang-rt-$clang_major-dev (libFuzzer, for ctest -L fuzz)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "libclang-rt-$clang_major-dev" ||
+    echo "install-deps: no libclang-rt-$clang_major-dev: the fuzz tests will be skipped"
 fi
 if [ ! -s "$KJV" ]; then
   echo "install-deps: writing $KJV"

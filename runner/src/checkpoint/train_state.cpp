@@ -2,7 +2,6 @@
 
 #include <ATen/Version.h>
 #include <ATen/core/Dict.h>
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
@@ -22,51 +21,9 @@
 
 namespace gpurun {
 
-std::string pickle_tensors(const NamedTensors& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor);
-  // torch::jit::pickle_save() with one difference: no type tags. A tagged dict is pickled as a
-  // call to torch.jit._pickle.restore_type_tag, which torch.load's default weights_only=True
-  // (PyTorch >= 2.6) refuses; untagged, the file holds only a dict, strings and tensors.
-  std::vector<char> pickled;
-  torch::jit::Pickler pickler(
-      [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
-      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
-  pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
-  return archive;
-}
-
 namespace {
 
 using caffe2::serialize::ReadAdapterInterface;
-
-/// A tensor dict pickled as pickle_tensors() writes it, read through `reader`.
-NamedTensors unpickle_from(std::shared_ptr<ReadAdapterInterface> reader, const std::string& what) {
-  c10::IValue value;
-  try {
-    caffe2::serialize::PyTorchStreamReader archive(std::move(reader));
-    value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-                                              std::nullopt, std::nullopt, std::nullopt, archive);
-  } catch (const std::exception& e) {
-    throw DamagedCheckpointError(what + " is not a pickled tensor dict: " + e.what());
-  }
-  if (!value.isGenericDict()) throw DamagedCheckpointError(what + " is not a pickled tensor dict");
-  NamedTensors out;
-  for (const auto& entry : value.toGenericDict())
-    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
-  return out;
-}
 
 /// One of a checkpoint's files as a load reads it: the file itself, straight into the tensors'
 /// storage and checked against the manifest as it is read (VerifyingFileReader), or the memory
@@ -80,7 +37,7 @@ struct FileSource {
       : what(checkpoint.info.path + "/" + name) {
     if (!checkpoint.files.empty()) {
       const std::string& bytes = checkpoint.file(name);
-      reader = std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size());
+      reader = std::make_shared<BytesReadAdapter>(bytes);
       return;
     }
     const auto [size, xxh3] = checkpoint.expected(name);
@@ -98,7 +55,7 @@ struct FileSource {
   NamedTensors unpickle() const {
     NamedTensors tensors;
     try {
-      tensors = unpickle_from(reader, what);
+      tensors = unpickle_tensors(reader, what);
     } catch (const DamagedCheckpointError&) {
       verify();  // a read error or changed bytes say more than the parser's complaint
       throw;
@@ -109,11 +66,6 @@ struct FileSource {
 };
 
 }  // namespace
-
-NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
-  return unpickle_from(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()), what);
-}
 
 NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint) {
   return FileSource(checkpoint, "model.pt").unpickle();

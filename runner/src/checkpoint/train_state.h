@@ -13,17 +13,10 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "checkpoint/pickle.h"  // NamedTensors, pickle_tensors(), unpickle_tensors()
 #include "checkpoint/store.h"
 
 namespace gpurun {
-
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
-
-/// Pickles `tensors` as a dict (insertion order kept), the format torch.save writes and
-/// torch.load reads.
-std::string pickle_tensors(const NamedTensors& tensors);
-/// Inverse of pickle_tensors. Throws DamagedCheckpointError for bytes that are not such a dict.
-NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what);
 
 /// The device `model`'s parameters live on; the CPU for a model without parameters.
 c10::Device model_device(const torch::nn::Module& model);

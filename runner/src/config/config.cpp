@@ -89,14 +89,24 @@ std::string format_number(double v) {
 /// section, "optim.epochs"); ties go to the closer full name. Distances are held to the
 /// last components' tolerance, as the section prefix would make any two keys look close.
 /// Empty when none is reasonably close.
+/// At least the edit distance of `a` and `b`: the difference of their lengths. Checked before
+/// edit_distance(), whose cost grows with the product of the lengths: a key or value pasted by
+/// mistake (kilobytes of text) would otherwise take seconds to be told it is unknown.
+size_t length_gap(const std::string& a, const std::string& b) {
+  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+}
+
 std::string nearest_key(const std::string& wrong) {
   std::pair<size_t, size_t> best{SIZE_MAX, SIZE_MAX};
   std::string found;
   for (const Key& k : schema()) {
     const std::string wrong_last = last_of(wrong), key_last = last_of(k.name);
+    const size_t most = tolerance(wrong_last, key_last);
+    if (length_gap(wrong, k.name) > most && length_gap(wrong_last, key_last) > most &&
+        !extends(wrong_last, key_last))
+      continue;
     const size_t full = edit_distance(wrong, k.name);
     const size_t last = edit_distance(wrong_last, key_last);
-    const size_t most = tolerance(wrong_last, key_last);
     if (full > most && last > most && !extends(wrong_last, key_last)) continue;
     const std::pair<size_t, size_t> score{std::min(full, last), full};
     if (score < best) best = score, found = k.name;
@@ -108,6 +118,7 @@ std::string nearest_of(const std::string& wrong, const std::vector<std::string>&
   size_t best = SIZE_MAX;
   std::string found;
   for (const std::string& name : names) {
+    if (length_gap(wrong, name) > tolerance(wrong, name) && !extends(wrong, name)) continue;
     const size_t d = edit_distance(wrong, name);
     if ((d <= tolerance(wrong, name) || extends(wrong, name)) && d < best) best = d, found = name;
   }
@@ -210,11 +221,49 @@ std::optional<bool> to_bool(const YAML::Node& n) {
   return std::nullopt;
 }
 
+/// The offset of the first byte of `s` that does not belong to valid UTF-8 (RFC 3629: no
+/// overlong forms, no surrogates, nothing above U+10FFFF), or npos when there is none.
+size_t invalid_utf8_at(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    const unsigned char b = byte(i);
+    size_t length = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (b < 0x80) {
+      length = 1;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      length = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      length = 3;
+      if (b == 0xE0) lo = 0xA0;  // overlong
+      if (b == 0xED) hi = 0x9F;  // surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      length = 4;
+      if (b == 0xF0) lo = 0x90;  // overlong
+      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + length > s.size()) return i;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char c = byte(i + k);
+      if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i;
+    }
+    i += length;
+  }
+  return std::string::npos;
+}
+
+/// `s` as a JSON string; bytes that are not UTF-8 become U+FFFD (dump() would throw).
+std::string json_quoted(const std::string& s) {
+  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 /// A node as the user wrote it: numbers bare, text quoted, lists and maps in flow style.
 std::string show(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "nothing";
   if (n.IsScalar()) {
-    return to_double(n) || to_bool(n) ? n.Scalar() : json(n.Scalar()).dump();
+    return to_double(n) || to_bool(n) ? n.Scalar() : json_quoted(n.Scalar());
   }
   YAML::Emitter out;
   out.SetSeqFormat(YAML::Flow);
@@ -270,6 +319,13 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
   } else if (auto* s = std::get_if<std::string*>(&f)) {
     if (!n.IsScalar()) return type_error("a string");
     const std::string& v = n.Scalar();
+    // The config is stored as JSON in every manifest and hashed as JSON, and JSON is UTF-8.
+    if (const size_t at = invalid_utf8_at(v); at != std::string::npos) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(v[at]));
+      return name + " must be UTF-8 text, got " + show(n) + " (byte " + std::to_string(at) +
+             " is " + hex + ")";
+    }
     const bool listed =
         std::find(limit.choices.begin(), limit.choices.end(), v) != limit.choices.end();
     if (limit.size && !listed) {

@@ -1,0 +1,301 @@
+#include "checkpoint/pickle.h"
+
+#include <ATen/core/Dict.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "gpurun/errors.h"
+
+namespace gpurun {
+
+namespace {
+
+/// The dtypes of weights, buffers and generator states: those a resume can copy into a model
+/// (at::Tensor::copy_). A pickle may name any storage type, also ones copy_() has no kernel
+/// for (UInt7, the bit and quantized types), whose c10::Error would name neither file nor
+/// tensor, and would not let the resume fall back to the previous checkpoint.
+bool loadable(at::ScalarType type) {
+  switch (type) {
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+    case at::kHalf:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kBFloat16:
+    case at::kBool:
+    case at::kComplexFloat:
+    case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// Empty when every element of `t` lies inside its storage; else why not. The sizes, strides
+/// and offset come from the pickle, the storage's size from the archive's record: a damaged
+/// file may make them disagree, and a copy would then read past the storage.
+std::string outside_storage(const at::Tensor& t) {
+  if (t.numel() == 0) return "";
+  // Element offsets of the first and last element, without overflow (__int128 holds any sum
+  // of products of two int64 values over a tensor's dimensions).
+  __int128 lo = t.storage_offset(), hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const __int128 span = static_cast<__int128>(t.size(d) - 1) * t.stride(d);
+    (span < 0 ? lo : hi) += span;
+  }
+  const __int128 needed = (hi + 1) * static_cast<__int128>(t.element_size());
+  if (lo >= 0 && needed <= static_cast<__int128>(t.storage().nbytes())) return "";
+  return "sizes " + c10::str(t.sizes()) + ", strides " + c10::str(t.strides()) + " and offset " +
+         std::to_string(t.storage_offset()) + " reach outside its storage of " +
+         std::to_string(t.storage().nbytes()) + " bytes";
+}
+
+/// Why the pickle `p` (`n` bytes) must not reach LibTorch's unpickler, or "". The unpickler
+/// believes two numbers of the file: the memo index of a PUT, to which it resizes its memo
+/// table (16 bytes an entry, all written: four bytes of a damaged file made it fill 64 GiB), and
+/// the length of a string or bytes argument, which it reserves before it reads (1.7 GB for a
+/// 369-byte pickle). Picklers (Python's, LibTorch's) number memo entries 0, 1, 2, ...: an index
+/// may name an entry again, never skip ahead; and an argument lies within the pickle. The walk
+/// knows every opcode of pickle protocols 0 to 5 and leaves what it cannot walk (an unknown
+/// opcode, a truncated fixed-size argument) to the unpickler, which rejects it.
+std::string pickle_problem(const char* p, size_t n) {
+  uint64_t entries = 0;
+  const auto put = [&](uint64_t index, size_t at) -> std::string {
+    if (index > entries)
+      return "its pickle stores memo entry " + std::to_string(index) + " at byte " +
+             std::to_string(at) + " after only " + std::to_string(entries);
+    if (index == entries) ++entries;
+    return "";
+  };
+  const auto little_endian = [&](size_t at, size_t bytes) {
+    uint64_t v = 0;
+    for (size_t k = bytes; k-- > 0;) v = (v << 8) | static_cast<unsigned char>(p[at + k]);
+    return v;
+  };
+  const auto line_end = [&](size_t from) {
+    const void* nl = std::memchr(p + from, '\n', n - from);
+    return nl ? static_cast<size_t>(static_cast<const char*>(nl) - p) : n;
+  };
+  size_t i = 0;
+  while (i < n) {
+    const size_t at = i;
+    const unsigned char op = static_cast<unsigned char>(p[i++]);
+    size_t fixed = 0;   // bytes of a fixed-size argument
+    size_t prefix = 0;  // bytes of the length before a counted argument
+    int lines = 0;      // newline-terminated arguments
+    switch (op) {
+      case '.':  // STOP
+        return "";
+      case 'K':
+      case 'q':
+      case 'h':
+      case 0x80:
+      case 0x82:  // BININT1 BINPUT BINGET PROTO EXT1
+        fixed = 1;
+        break;
+      case 'M':
+      case 0x83:  // BININT2 EXT2
+        fixed = 2;
+        break;
+      case 'J':
+      case 'r':
+      case 'j':
+      case 0x84:  // BININT LONG_BINPUT LONG_BINGET EXT4
+        fixed = 4;
+        break;
+      case 'G':
+      case 0x95:  // BINFLOAT FRAME
+        fixed = 8;
+        break;
+      case 'U':
+      case 'C':
+      case 0x8c:
+      case 0x8a:  // SHORT_BINSTRING/BINBYTES/BINUNICODE LONG1
+        prefix = 1;
+        break;
+      case 'T':
+      case 'B':
+      case 'X':
+      case 0x8b:  // BINSTRING BINBYTES BINUNICODE LONG4
+        prefix = 4;
+        break;
+      case 0x8d:
+      case 0x8e:
+      case 0x96:  // BINUNICODE8 BINBYTES8 BYTEARRAY8
+        prefix = 8;
+        break;
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'S':
+      case 'V':
+      case 'p':
+      case 'g':
+      case 'P':
+        lines = 1;  // INT LONG FLOAT STRING UNICODE PUT GET PERSID
+        break;
+      case 'c':
+      case 'i':  // GLOBAL INST
+        lines = 2;
+        break;
+      case '(':
+      case '0':
+      case '1':
+      case '2':
+      case 'N':
+      case 'R':
+      case 'a':
+      case 'b':
+      case 'd':
+      case '}':
+      case 'e':
+      case 'l':
+      case ']':
+      case 'o':
+      case 's':
+      case 't':
+      case ')':
+      case 'u':
+      case 'Q':
+      case 0x81:
+      case 0x85:
+      case 0x86:
+      case 0x87:
+      case 0x88:
+      case 0x89:
+      case 0x8f:
+      case 0x90:
+      case 0x91:
+      case 0x92:
+      case 0x93:
+      case 0x97:
+      case 0x98:
+        break;    // no argument
+      case 0x94:  // MEMOIZE: the next entry
+        ++entries;
+        break;
+      default:
+        return "";  // not an opcode: the unpickler says so
+    }
+    if (fixed > 0) {
+      if (n - i < fixed) return "";
+      if (op == 'q' || op == 'r') {  // BINPUT, LONG_BINPUT
+        if (std::string problem = put(little_endian(i, fixed), at); !problem.empty())
+          return problem;
+      }
+      i += fixed;
+    } else if (prefix > 0) {
+      if (n - i < prefix) return "";
+      const uint64_t length = little_endian(i, prefix);
+      i += prefix;
+      if (length > n - i)
+        return "its pickle's argument at byte " + std::to_string(at) + " claims " +
+               std::to_string(length) + " bytes, " + std::to_string(n - i) + " follow";
+      i += static_cast<size_t>(length);
+    }
+    for (int k = 0; k < lines; ++k) {
+      const size_t end = line_end(i);
+      if (end == n) return "";
+      if (op == 'p') {  // PUT: a decimal index
+        uint64_t index = 0;
+        const auto [ptr, ec] = std::from_chars(p + i, p + end, index);
+        if (ec != std::errc() || ptr != p + end)
+          return "its pickle stores a memo entry of no valid index at byte " + std::to_string(at);
+        if (std::string problem = put(index, at); !problem.empty()) return problem;
+      }
+      i = end + 1;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string pickle_tensors(const NamedTensors& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor);
+  // torch::jit::pickle_save() with one difference: no type tags. A tagged dict is pickled as a
+  // call to torch.jit._pickle.restore_type_tag, which torch.load's default weights_only=True
+  // (PyTorch >= 2.6) refuses; untagged, the file holds only a dict, strings and tensors.
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickled.insert(pickled.end(), data, data + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInterface> reader,
+                              const std::string& what) {
+  c10::IValue value;
+  std::string problem;
+  try {
+    caffe2::serialize::PyTorchStreamReader archive(std::move(reader));
+    if (archive.hasRecord("data.pkl")) {  // otherwise readArchiveAndTensors() names what lacks
+      const auto [pickle, size] = archive.getRecord("data.pkl");
+      problem = pickle_problem(static_cast<const char*>(pickle.get()), size);
+    }
+    if (problem.empty())
+      value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                                std::nullopt, std::nullopt, std::nullopt, archive);
+  } catch (const std::exception& e) {
+    throw DamagedCheckpointError(what + " is not a pickled tensor dict: " + e.what());
+  }
+  if (!problem.empty())
+    throw DamagedCheckpointError(what + " is not a pickled tensor dict: " + problem);
+  if (!value.isGenericDict()) throw DamagedCheckpointError(what + " is not a pickled tensor dict");
+  NamedTensors out;
+  for (const auto& entry : value.toGenericDict()) {
+    // toStringRef() and toTensor() of anything else would throw c10::Error, which names
+    // neither the file nor the entry.
+    if (!entry.key().isString())
+      throw DamagedCheckpointError(what + " is not a pickled tensor dict: a key is a " +
+                                   entry.key().tagKind() + ", not a string");
+    if (!entry.value().isTensor())
+      throw DamagedCheckpointError(what +
+                                   " is not a pickled tensor dict: " + entry.key().toStringRef() +
+                                   " is a " + entry.value().tagKind() + ", not a tensor");
+    const at::Tensor tensor = entry.value().toTensor();
+    if (!loadable(tensor.scalar_type()))
+      throw DamagedCheckpointError(what + ": tensor " + entry.key().toStringRef() + " has dtype " +
+                                   c10::toString(tensor.scalar_type()) +
+                                   ", which no gpurun checkpoint holds");
+    if (const std::string outside = outside_storage(tensor); !outside.empty())
+      throw DamagedCheckpointError(what + ": tensor " + entry.key().toStringRef() + ": " + outside);
+    out.emplace_back(entry.key().toStringRef(), tensor);
+  }
+  return out;
+}
+
+size_t BytesReadAdapter::read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const {
+  if (pos >= bytes_.size()) return 0;
+  const size_t count = std::min<uint64_t>(n, bytes_.size() - pos);
+  std::memcpy(buf, bytes_.data() + pos, count);
+  return count;
+}
+
+NamedTensors unpickle_tensors(const std::string& bytes, const std::string& what) {
+  return unpickle_tensors(std::make_shared<BytesReadAdapter>(bytes), what);
+}
+
+}  // namespace gpurun
