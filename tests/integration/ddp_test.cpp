@@ -107,6 +107,27 @@ TEST(Ddp, TwoRanksEqualOneProcessWithTheSameGlobalBatchAfterFiveSteps) {
   for (const auto& s : events(dir / "two", "step")) EXPECT_EQ(s["gradient_syncs_per_step"], 1.0);
 }
 
+// BatchNorm's running statistics are buffers each rank updates from its own micro-batches: at
+// every evaluation all ranks hold rank 0's, the statistics the checkpoint saves, so every rank
+// ends with the checkpoint's digest (not only rank 0).
+TEST(Ddp, EveryRankEndsWithTheCheckpointsBatchNormStatistics) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir,
+      "model: {name: cnn, batch_norm: true}\n"
+      "data: {name: idx, train_samples: 320, eval_samples: 200}\n"
+      "optim: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+      "train: {epochs: 2, batch_size: 32, eval_batch_size: 200, seed: 7, threads: 1}\n");
+  Result r = run_gpurun(ddp({config, "--ckpt", dir / "ckpt"}, 2));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string saved = digest(dir / "ckpt");
+  ASSERT_FALSE(saved.empty());
+  for (int rank : {0, 1}) {
+    const std::string log = slurp(dir / ("ckpt/rank-" + std::to_string(rank) + ".log"));
+    EXPECT_TRUE(contains(log, "model_digest " + saved)) << "rank " << rank << ":\n" << log;
+  }
+}
+
 // Issue 5: two launchers with --nnodes 2 on 127.0.0.1 train together, bit-identical to the
 // same two ranks launched on one node.
 TEST(Ddp, TwoLaunchersAsTwoNodesTrainTogether) {

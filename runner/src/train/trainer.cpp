@@ -426,6 +426,7 @@ class Trainer {
       registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
       stop_if_signalled(agreed_stop_);
     }
+    sync_buffers();
     peaks_.enter(&MeasuredPeaks::evaluation);
     const auto [eval_loss, eval_accuracy] = evaluate();
     peaks_.enter(nullptr);
@@ -525,6 +526,16 @@ class Trainer {
         smaller.accumulation_steps);
     plan_ = smaller;
     reporter_.event("plan", plan_.to_json());
+  }
+
+  /// Copies rank 0's buffers (BatchNorm's running statistics) to every rank. Each rank updates
+  /// them from its own micro-batches, so they drift apart; the checkpoint holds rank 0's, and
+  /// an evaluation or a final digest on any other statistics would describe a model that was
+  /// never saved. Parameters need nothing: the synced gradients keep them identical.
+  void sync_buffers() {
+    if (!comm_) return;
+    std::vector<at::Tensor> buffers = model_->buffers();
+    if (!buffers.empty()) comm_->broadcast_tensors(buffers);
   }
 
   std::pair<double, double> evaluate() {
