@@ -1,7 +1,6 @@
 #include "distributed/peer_probe.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -146,7 +145,7 @@ std::vector<bool> peers_answering(const std::vector<PeerAddress>& peers, double 
       int error = 0;
       socklen_t size = sizeof error;
       getsockopt(pending[k].fd, SOL_SOCKET, SO_ERROR, &error, &size);
-      // Connected, refused, or connected and reset by the beacon: the node answered.
+      // Connected, refused or reset: a node that answers at all is on the network.
       answering[which[k]] = error == 0 || error == ECONNREFUSED || error == ECONNRESET;
       close(pending[k].fd);
       pending[k].fd = -1;  // poll ignores negative descriptors

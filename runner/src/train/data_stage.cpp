@@ -24,24 +24,6 @@
 namespace gpurun {
 namespace {
 
-/// Whether an errno of staging is fixed by the user rather than by trying again.
-bool needs_the_user(int error) {
-  switch (error) {
-    case ENOSPC:
-    case EDQUOT:
-    case EACCES:
-    case EPERM:
-    case EROFS:
-    case ENOENT:
-    case ENOTDIR:
-    case EISDIR:
-    case ENAMETOOLONG:
-      return true;
-    default:
-      return false;
-  }
-}
-
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -269,11 +251,11 @@ json stage_data(DataConfig& data, bool log) {
     } catch (const IoError& e) {
       const std::string what = "data.stage_dir: cannot stage " + std::string(key) + " " + *path +
                                " in " + dir.string() + " (" + e.what() + ")";
-      // A full, read-only or forbidden place, or a missing source, is the configuration's to
-      // fix (exit 2, not retried); a read error of network storage may pass (exit 1: a
-      // supervisor tries again).
-      if (needs_the_user(e.error_number())) throw ConfigError(what);
-      throw Error(what);
+      // A transient error of network storage that the retries did not get past may still pass
+      // (exit 1: a supervisor tries again); a full, read-only or forbidden place, or a missing
+      // source, is the configuration's to fix (exit 2, not retried).
+      if (fs::is_transient(e.error_number())) throw Error(what);
+      throw ConfigError(what);
     }
     if (log) spdlog::info("{}", r.describe(key));
     *path = r.copy;
