@@ -39,7 +39,7 @@ const char* const kUsage =
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR [--json]\n"
-    "  gpurun export CKPT_DIR --to FILE";
+    "  gpurun export CKPT_DIR --to FILE [--merge-lora]";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -134,10 +134,12 @@ Command parse_command_line(int argc, const char* const argv[]) {
     return cmd;
   }
   if (first == "export") {
-    if (args.size() != 2 || !r.count("to")) usage_error("usage: gpurun export CKPT_DIR --to FILE");
+    if (args.size() != 2 || !r.count("to"))
+      usage_error("usage: gpurun export CKPT_DIR --to FILE [--merge-lora]");
     cmd.kind = Command::Kind::kExport;
     cmd.dir = args[1];
     cmd.to = r["to"].as<std::string>();
+    cmd.merge_lora = r.count("merge-lora") > 0;
     return cmd;
   }
   if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
@@ -196,7 +198,7 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
     case Command::Kind::kStatus:
       return status_command(cmd.dir, cmd.json, out);
     case Command::Kind::kExport:
-      return export_command(cmd.dir, cmd.to, out);
+      return export_command(cmd.dir, cmd.to, out, cmd.merge_lora);
     case Command::Kind::kPlan: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       load_configured_plugin(config, registry);

@@ -23,6 +23,7 @@ struct Command {
   std::string action;                  ///< ckpt: list | verify | inspect
   std::string dir;                     ///< ckpt DIR, status RUN_DIR, export CKPT_DIR
   std::string to;                      ///< export: --to FILE
+  bool merge_lora = false;             ///< export: --merge-lora
   bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
   std::string help;                    ///< the --help text
   LaunchRequest launch;                ///< run: restarts, DDP flags, the workers' command line

@@ -11,6 +11,7 @@
 #include "cli/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
+#include "model/fine_tune.h"
 #include "model/plugin_loader.h"
 #include "model/torchscript_model.h"
 #include "util/fs.h"
@@ -69,7 +70,8 @@ std::string torchscript_source(const CheckpointMeta& meta) {
 
 }  // namespace
 
-int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out) {
+int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
+                   bool merge_lora) {
   std::error_code ec;
   if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
@@ -93,7 +95,16 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
 
   const std::string module = torchscript_source(meta);
   std::string format = "state_dict (torch.load)";
-  if (module.empty()) {
+  if (merge_lora) {
+    const RunConfig config = config_from_json(meta.config);
+    if (config.model.lora.rank <= 0 || !module.empty())
+      throw ConfigError("gpurun export --merge-lora: " + checkpoint.info.name +
+                        " was trained without model.lora: it has no adapters to merge");
+    const double scale = config.model.lora.alpha / static_cast<double>(config.model.lora.rank);
+    fs::replace_file(to, pickle_tensors(merge_lora_adapters(weights, scale)));
+    format = "state_dict with the LoRA adapters merged (torch.load; alpha/rank " +
+             std::to_string(scale) + ")";
+  } else if (module.empty()) {
     // The verified file as it is, byte for byte.
     fs::replace_file(to, fs::read_file(checkpoint.info.path + "/model.pt"));
   } else {

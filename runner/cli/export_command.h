@@ -11,6 +11,10 @@
 //     parameters and buffers: torch.jit.load(FILE) gives the trained module. Its code comes
 //     from the module file the run was trained from (the path recorded in the manifest, which
 //     must still exist); its weights from the checkpoint.
+// With `merge_lora`, a checkpoint of a run with model.lora is written as the base model's
+// state_dict: each adapter's B A (alpha / rank) added into its layer's weight
+// (model/fine_tune.h, merge_lora_adapters()), the adapters left out. A checkpoint without adapters
+// is refused (ConfigError), as is a TorchScript model.
 #pragma once
 
 #include <ostream>
@@ -25,6 +29,7 @@ namespace gpurun {
 /// (exit 3) when there is no complete checkpoint, the given ckpt-* folder does not verify, or
 /// its weights do not match its model_digest or the module; IoError (exit 1) when reading or
 /// writing fails.
-int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out);
+int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
+                   bool merge_lora = false);
 
 }  // namespace gpurun

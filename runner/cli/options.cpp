@@ -30,6 +30,7 @@ const std::vector<OptionSpec>& option_table() {
     {kDistributed, "master-addr", T::kString, "HOST", "", "host of rank 0 (the rendezvous store)", true},
     {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
+    {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
     {kOutput, "h,help", T::kFlag, "", "", "show this help"},
     {kOutput, "version", T::kFlag, "", "", "print the version"},

@@ -17,6 +17,16 @@
 
 namespace gpurun {
 
+/// model.lora: low-rank adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language
+/// Models") on the Linear layers named by `targets`; every other parameter is frozen. Each
+/// targeted weight W [out, in] trains as W + B A (alpha / rank), A [rank, in] and B [out, rank].
+struct LoraConfig {
+  int64_t rank = 0;                       ///< rank r of the adapters; 0: off
+  double alpha = 8;                       ///< the adapters' output is scaled by alpha / rank
+  double dropout = 0;                     ///< probability an input feature of an adapter is dropped
+  std::vector<std::string> targets{"*"};  ///< fnmatch patterns over Linear modules' names
+};
+
 struct ModelConfig {
   std::string name = "cnn";               ///< registry name: mlp, cnn, resnet, gpt, or a plugin's
   std::vector<int64_t> hidden{256, 128};  ///< mlp: widths of the hidden layers
@@ -35,6 +45,17 @@ struct ModelConfig {
   int64_t heads = 4;                  ///< gpt: attention heads; divides width
   int64_t width = 128;                ///< gpt: embedding width
   int64_t context = 0;                ///< gpt: longest sequence (positions); 0: the data's
+  /// Parameters that get no gradient and no optimizer state: fnmatch(3) patterns over the
+  /// dotted parameter names, without FNM_PATHNAME, so `*` also crosses dots ("block0.*").
+  std::vector<std::string> freeze;
+  /// A state_dict loaded before step 0 of a fresh run: a Python torch.save of a name -> tensor
+  /// dict, a `gpurun export`, or a checkpoint's model.pt; relative like plugin. A resume
+  /// ignores it (the checkpoint wins). "": none.
+  std::string init_from;
+  /// init_from: true, every tensor of the model must be in the file with its shape and nothing
+  /// else may be; false, load what matches and list the rest.
+  bool init_strict = true;
+  LoraConfig lora;
 };
 
 struct DataConfig {
@@ -85,6 +106,10 @@ struct TrainConfig {
   int64_t seed = 0;
   int64_t threads = 0;                 ///< intra-op threads; 0: LibTorch's default
   std::string loss = "cross_entropy";  ///< registry name of the loss (loss.h)
+  /// fp32 | bf16 | fp16 | auto: the autocast dtype of the forward pass (train/precision.h);
+  /// fp16 trains with a gradient scaler. auto: bf16 where the device has it, else fp16 on
+  /// CUDA, else fp32.
+  std::string precision = "fp32";
   /// On CUDA: deterministic cuBLAS (CUBLAS_WORKSPACE_CONFIG) and cuDNN algorithms, so that a
   /// resumed run is bit-identical to an uninterrupted one; off trades that for speed.
   bool deterministic = true;

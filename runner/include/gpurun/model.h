@@ -8,6 +8,7 @@
 // segments with add_segment().
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,18 @@ class SegmentedModel : public torch::nn::Module {
   /// The flags of set_checkpointed(): empty, or one per segment.
   const std::vector<bool>& checkpointed() const { return checkpointed_; }
 
+  /// Sets a function that forward() calls right before segment `index` runs, inside its
+  /// activation checkpointing: a checkpointed segment's recomputation calls it again, under the
+  /// same RNG state, so that what it derives from parameters (LoRA's adapted weights,
+  /// model/fine_tune.h) joins the recomputed graph. Replaces any earlier one; empty: none.
+  /// Throws std::out_of_range for an index past the segments.
+  void set_segment_prologue(size_t index, std::function<void()> prologue);
+
  private:
   std::vector<torch::nn::Sequential> segments_;
   std::vector<std::string> names_;
   std::vector<bool> checkpointed_;
+  std::vector<std::function<void()>> prologues_;  ///< one per segment, or empty
 };
 
 /// The tensors of `model`'s state_dict in PyTorch's order (each module's own parameters,

@@ -55,6 +55,17 @@ Field field_of(const Key& key, const RunConfig& c) { return key.field(const_cast
 
 std::string section_of(const std::string& dotted) { return dotted.substr(0, dotted.find('.')); }
 std::string last_of(const std::string& dotted) { return dotted.substr(dotted.rfind('.') + 1); }
+/// The key's place in config_to_json()'s nesting: "model.lora.rank" -> /model/lora/rank.
+json::json_pointer pointer_of(const std::string& dotted) {
+  std::string path = "/" + dotted;
+  std::replace(path.begin(), path.end(), '.', '/');
+  return json::json_pointer(path);
+}
+/// True when some key lies under `group` ("model.lora"), which is not a key itself.
+bool is_group(const std::string& group) {
+  return std::any_of(schema().begin(), schema().end(),
+                     [&](const Key& k) { return std::string(k.name).rfind(group + ".", 0) == 0; });
+}
 
 std::vector<std::string> sections() {
   std::vector<std::string> out;
@@ -154,6 +165,7 @@ std::string format_value(const Field& f) {
   if (auto* d = std::get_if<double*>(&f)) return std::isnan(**d) ? "auto" : json(**d).dump();
   if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
   if (auto* s = std::get_if<std::string*>(&f)) return (*s)->empty() ? "\"\"" : **s;
+  if (auto* l = std::get_if<std::vector<std::string>*>(&f)) return json(**l).dump();
   std::vector<std::string> items;
   for (int64_t v : *std::get<std::vector<int64_t>*>(f)) items.push_back(std::to_string(v));
   return "[" + join(items, ", ") + "]";
@@ -341,6 +353,18 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       return name + " must not be empty";
     }
     **s = v;
+  } else if (auto* l = std::get_if<std::vector<std::string>*>(&f)) {
+    const char* what = limit.non_empty ? "a non-empty list of strings like [\"block0.*\"]"
+                                       : "a list of strings like [\"block0.*\"]";
+    if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
+    std::vector<std::string> values;
+    for (const YAML::Node& item : n) {
+      if (!item.IsScalar() || item.Scalar().empty()) return type_error(what);
+      if (invalid_utf8_at(item.Scalar()) != std::string::npos)
+        return name + " must be UTF-8 text, got " + show(n);
+      values.push_back(item.Scalar());
+    }
+    **l = std::move(values);
   } else {
     const char* what = "a non-empty list of integers like [64, 32]";
     if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
@@ -538,13 +562,23 @@ void read_yaml(const YAML::Node& root, const std::string& source, Assembly& a) {
     } else if (std::find(known.begin(), known.end(), key.Scalar()) == known.end()) {
       a.fail(where, unknown_section_message(key.Scalar()));
     } else if (value.IsMap()) {
-      for (const auto& item : value) {
-        if (!item.first.IsScalar()) {
-          a.fail(at_line(source, item.first.Mark()), "expected a key, got " + show(item.first));
-        } else {
-          add(key.Scalar() + "." + item.first.Scalar(), item.first, item.second);
-        }
-      }
+      // A group of keys ("lora:" under "model:") nests one level deeper.
+      const std::function<void(const std::string&, const YAML::Node&)> read_map =
+          [&](const std::string& prefix, const YAML::Node& map) {
+            for (const auto& item : map) {
+              if (!item.first.IsScalar()) {
+                a.fail(at_line(source, item.first.Mark()),
+                       "expected a key, got " + show(item.first));
+                continue;
+              }
+              const std::string name = prefix + "." + item.first.Scalar();
+              if (item.second.IsMap() && !find_key(name) && is_group(name))
+                read_map(name, item.second);
+              else
+                add(name, item.first, item.second);
+            }
+          };
+      read_map(key.Scalar(), value);
     } else if (!value.IsNull()) {  // "model:" with nothing under it is fine
       a.fail(where, "section " + key.Scalar() + " must be a mapping of keys, got " + show(value));
     }
@@ -641,7 +675,7 @@ std::string config_path(const RunConfig& config, const std::string& path) {
 nlohmann::json config_to_json(const RunConfig& config) {
   json j = json::object();
   for (const Key& k : schema()) {
-    j[section_of(k.name)][last_of(k.name)] = value_json(field_of(k, config));
+    j[pointer_of(k.name)] = value_json(field_of(k, config));
   }
   return j;
 }
@@ -661,10 +695,10 @@ RunConfig config_from_json(const nlohmann::json& j) {
       }
       continue;
     }
-    const auto v = s->find(last_of(k.name));
-    if (v == s->end()) continue;
+    const json::json_pointer at = pointer_of(k.name);
+    if (!j.contains(at)) continue;  // a key added later: its default
     try {
-      a.set(k, YAML::Load(v->dump()), where);  // JSON is YAML; strings stay quoted
+      a.set(k, YAML::Load(j.at(at).dump()), where);  // JSON is YAML; strings stay quoted
     } catch (const YAML::Exception& e) {
       a.fail(where, std::string(k.name) + ": " + e.msg);
     }

@@ -35,6 +35,8 @@ constexpr bool kNotHashed = false;
 // clang-format off
 #define GPURUN_KEY(section, member) \
   #section "." #member, [](RunConfig& c) -> Field { return &c.section.member; }
+#define GPURUN_KEY3(section, group, member) \
+  #section "." #group "." #member, [](RunConfig& c) -> Field { return &c.section.group.member; }
 
 /// The schema: one line per key, in the order format_resolved() prints them. To add a key,
 /// add the member to its struct in config.h and one line here; a new section is new lines.
@@ -52,6 +54,14 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(model, heads), at_least(1), "gpt: attention heads; must divide model.width", kHashed},
     {GPURUN_KEY(model, width), at_least(1), "gpt: embedding width", kHashed},
     {GPURUN_KEY(model, context), at_least(0), "gpt: longest sequence; 0: data.context", kHashed},
+    {GPURUN_KEY(model, freeze), any(), "parameters not trained: fnmatch patterns over their names (* crosses dots)", kHashed},
+    // Only a fresh run reads it: a resume takes every weight from the checkpoint.
+    {GPURUN_KEY(model, init_from), any(), "state_dict file loaded before step 0 of a fresh run; relative to run.yaml", kNotHashed},
+    {GPURUN_KEY(model, init_strict), any(), "init_from: every tensor must match by name and shape", kNotHashed},
+    {GPURUN_KEY3(model, lora, rank), at_least(0), "LoRA adapters' rank; 0: off", kHashed},
+    {GPURUN_KEY3(model, lora, alpha), above(0), "LoRA: adapters scaled by alpha / rank", kHashed},
+    {GPURUN_KEY3(model, lora, dropout), fraction(), "LoRA: dropout of the adapters' input features", kHashed},
+    {GPURUN_KEY3(model, lora, targets), non_empty(), "LoRA: fnmatch patterns over Linear layers' names", kHashed},
     {GPURUN_KEY(data, name), non_empty(), "registry name: idx, csv, text, synthetic, or a plugin's", kHashed},
     {GPURUN_KEY(data, path), any(), "idx: directory of the files; csv, text: the file", kHashed},
     {GPURUN_KEY(data, train_samples), at_least(0), "first N training samples; 0: all", kHashed},
@@ -91,6 +101,8 @@ const std::vector<Key>& schema() {
     // The manifest records threads on their own; a different count only warns on resume.
     {GPURUN_KEY(train, threads), at_least(0), "intra-op threads; 0: LibTorch's", kNotHashed},
     {GPURUN_KEY(train, loss), non_empty(), "registry name of the loss: cross_entropy or a plugin's", kHashed},
+    // Hashed, but a checkpoint of `auto` resumes under any precision (trainer's check_resumable).
+    {GPURUN_KEY(train, precision), one_of({"fp32", "bf16", "fp16", "auto"}), "autocast dtype; fp16 with a gradient scaler; auto: bf16, fp16 or fp32 as the device allows", kHashed},
     // Bits, not what is learned: a resume may switch it (the manifest records it).
     {GPURUN_KEY(train, deterministic), any(), "CUDA: deterministic cuBLAS and cuDNN for an exact resume", kNotHashed},
     {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
@@ -120,5 +132,6 @@ const std::vector<Key>& schema() {
 }
 // clang-format on
 #undef GPURUN_KEY
+#undef GPURUN_KEY3
 
 }  // namespace gpurun::detail

@@ -13,7 +13,8 @@
 namespace gpurun::detail {
 
 /// Where a key's value lives in RunConfig; the alternative held is the key's type.
-using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
+                           std::vector<std::string>*>;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -35,7 +36,7 @@ struct Limit {
 };
 
 struct Key {
-  const char* name;  ///< dotted: section.member
+  const char* name;  ///< dotted: section.member, or section.group.member (model.lora.rank)
   Field (*field)(RunConfig&);
   Limit limit;
   const char* help;

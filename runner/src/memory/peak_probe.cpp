@@ -17,6 +17,7 @@
 #include "gpurun/model.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
+#include "model/fine_tune.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "util/clock.h"
@@ -80,20 +81,24 @@ class Restorer {
 }  // namespace
 
 nlohmann::json Estimate::to_json() const {
-  return {{"parameters", parameters},
-          {"gradients", gradients},
-          {"optimizer_state", optimizer_state},
-          {"activations", activations},
-          {"total", total()}};
+  return {{"parameters", parameters},           {"gradients", gradients},
+          {"optimizer_state", optimizer_state}, {"activations", activations},
+          {"weight_casts", weight_casts},       {"total", total()}};
 }
 
 Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
                        const std::vector<int64_t>& input_shape, int64_t micro_batch,
-                       bool checkpointing, c10::Device device) {
+                       bool checkpointing, c10::Device device, Precision precision) {
   Estimate e;
   for (const auto& entry : state_dict(model)) e.parameters += entry.second.nbytes();
-  for (const auto& p : model.parameters())
-    if (p.requires_grad()) e.gradients += p.nbytes();
+  const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
+  for (const auto& p : model.parameters()) {
+    if (!p.requires_grad()) continue;
+    e.gradients += p.nbytes();
+    // Autocast keeps a low-precision copy of each trainable weight matrix for the forward
+    // and backward of a step (its cast cache); vectors (biases, norms) run in float32.
+    if (precision != Precision::kFp32 && p.dim() >= 2) e.weight_casts += p.numel() * half;
+  }
   if (optim.name == "adam" || optim.name == "adamw")
     e.optimizer_state = 2 * e.gradients;
   else if (optim.momentum > 0)
@@ -106,6 +111,8 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
   const bool was_training = model.is_training();
   model.eval();  // BatchNorm must not update its statistics; dropout keeps shapes anyway
   at::Tensor x = at::zeros(sample_shape, at::TensorOptions().device(device));
+  // The layers' outputs in the dtypes autocast gives them (bf16 or fp16 for matrix products).
+  AutocastGuard autocast(precision, device);
   int64_t segment_inputs = 0, largest_segment = 0, all_outputs = 0;
   for (torch::nn::Sequential segment : model.segments()) {  // a copy of the holder: non-const
     segment_inputs += static_cast<int64_t>(x.nbytes());
@@ -123,27 +130,40 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
 }
 
 Prober::Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-               MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss)
+               MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss,
+               Precision precision)
     : model_(model),
       data_(data),
       optim_(optim),
       meter_(meter),
       steps_(steps),
       device_(device),
-      loss_(std::move(loss)) {}
+      loss_(std::move(loss)),
+      precision_(precision) {}
 
 void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
                   int64_t micro_batch) {
   optimizer.zero_grad();
-  accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_);
-  if (optim_.grad_clip > 0) clip_grad_norm(model_.parameters(), optim_.grad_clip);
-  optimizer.step();
+  const std::vector<at::Tensor> params = trainable_parameters(model_);
+  // fp16 as the trainer runs it: scaled backward, unscale, clip, a step that may be skipped.
+  std::optional<GradScaler> scaler;
+  if (precision_ == Precision::kFp16) scaler.emplace(device_);
+  accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_,
+                       {precision_, scaler ? scaler->scale() : at::Tensor()});
+  if (scaler) scaler->unscale(params);
+  if (optim_.grad_clip > 0) clip_grad_norm(params, optim_.grad_clip);
+  if (scaler) {
+    scaler->step(optimizer, params);
+    scaler->update();
+  } else {
+    optimizer.step();
+  }
 }
 
 std::unique_ptr<torch::optim::Optimizer> Prober::after_one_step(const MemoryPlan& plan) {
   checkpoint_every_segment(model_, plan.activation_checkpointing);
   model_.train();
-  auto optimizer = make_optimizer(optim_, model_.parameters());
+  auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
   step(*optimizer, first_samples(plan.micro_batch, data_.train->size()), plan.micro_batch);
   return optimizer;
 }
@@ -160,7 +180,7 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   int64_t timed_steps = 0;
   meter_.reset_peak();
   try {
-    auto optimizer = make_optimizer(optim_, model_.parameters());
+    auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
     for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
       step(*optimizer, indices, micro_batch);
@@ -191,7 +211,7 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     evaluate_in_batches(model_, *data_.eval, first_samples(eval_batch, data_.eval->size()),
-                        eval_batch, device_, loss_);
+                        eval_batch, device_, loss_, {}, precision_);
     probe.step_seconds = seconds_since(start);
   } catch (const c10::OutOfMemoryError& e) {
     probe.out_of_memory = true;
@@ -228,7 +248,7 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
   loaded.meta = snapshot->meta;
   loaded.files = std::move(snapshot->files);
   try {
-    auto optimizer = make_optimizer(optim_, model_.parameters());
+    auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     restore_state(loaded, model_, *optimizer);

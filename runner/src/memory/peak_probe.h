@@ -19,6 +19,7 @@
 #include "gpurun/dataset.h"
 #include "gpurun/loss.h"
 #include "memory/planner.h"
+#include "train/precision.h"
 
 namespace gpurun {
 
@@ -31,12 +32,18 @@ class SegmentedModel;
 ///   optimizer_state        SGD with momentum: 1 x parameters; Adam, AdamW: 2 x (exp_avg and
 ///                          exp_avg_sq, PyTorch's torch.optim.Adam); plain SGD: 0
 ///   activations            every layer's output for `micro_batch` samples (what autograd
-///                          keeps for backward), float32; with activation checkpointing only
+///                          keeps for backward), in the dtype autocast gives it under the
+///                          precision; with activation checkpointing only
 ///                          the segment inputs plus the largest segment's internal outputs
 ///                          (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost")
+///   weight_casts           bf16 / fp16: autocast's cached low-precision copy of every
+///                          trainable weight matrix (2 bytes per element); fp32: 0
+/// Gradients and optimizer state count trainable parameters only (model.freeze, LoRA).
 struct Estimate {
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
-  int64_t total() const { return parameters + gradients + optimizer_state + activations; }
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0;
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + weight_casts;
+  }
   nlohmann::json to_json() const;
 };
 
@@ -44,15 +51,18 @@ struct Estimate {
 /// the output sizes; `input_shape` is one sample's shape, e.g. {1, 28, 28}.
 Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
                        const std::vector<int64_t>& input_shape, int64_t micro_batch,
-                       bool checkpointing, c10::Device device);
+                       bool checkpointing, c10::Device device,
+                       Precision precision = Precision::kFp32);
 
 class Prober {
  public:
   /// `meter` must have been installed before `model` was built, so that its parameters count.
   /// `loss`: the run's training loss (train.loss, Session::loss), which training and
   /// evaluation call as the run does.
+  /// `precision`: the run's; its steps and evaluations run under it as the trainer's do.
   Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConfig& optim,
-         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss);
+         MemoryMeter& meter, int64_t steps, c10::Device device, LossFn loss,
+         Precision precision = Precision::kFp32);
 
   /// `steps` training steps at `micro_batch` (samples 0.. of the training split), with or
   /// without activation checkpointing. A c10::OutOfMemoryError is caught and reported as
@@ -87,6 +97,7 @@ class Prober {
   int64_t steps_;
   c10::Device device_;
   LossFn loss_;
+  Precision precision_;
 };
 
 }  // namespace gpurun

@@ -197,7 +197,8 @@ nlohmann::json MemoryPlan::to_json() const {
           {"estimated_peak_bytes", estimated_peak_bytes},
           {"capacity_bytes", capacity_bytes},
           {"step_seconds", step_seconds},
-          {"reason", reason}};
+          {"reason", reason},
+          {"precision", precision}};
 }
 
 MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
@@ -214,6 +215,7 @@ MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
   p.capacity_bytes = j.value("capacity_bytes", int64_t{0});
   p.step_seconds = j.value("step_seconds", 0.0);
   p.reason = j.value("reason", std::string());
+  p.precision = j.value("precision", std::string("fp32"));
   return p;
 }
 

@@ -74,6 +74,8 @@ struct MemoryPlan {
   int64_t capacity_bytes = 0;        ///< device capacity the plan was made for
   double step_seconds = 0;           ///< measured seconds per micro-batch step
   std::string reason;                ///< why this plan: "fits as configured", ...
+  /// The precision the probes ran under: fp32, bf16 or fp16 (train.precision resolved).
+  std::string precision = "fp32";
 
   /// Throws ConfigError naming the numbers when global != micro x accumulation x world.
   void validate() const;

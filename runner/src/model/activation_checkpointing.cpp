@@ -21,8 +21,10 @@ using torch::autograd::variable_list;
 /// Carries the segment from forward to backward inside the autograd context (saved_data only
 /// holds IValues; a capsule holds any CustomClassHolder).
 struct SegmentHolder : torch::CustomClassHolder {
-  explicit SegmentHolder(torch::nn::Sequential s) : segment(std::move(s)) {}
+  SegmentHolder(torch::nn::Sequential s, std::function<void()> p)
+      : segment(std::move(s)), prologue(std::move(p)) {}
   torch::nn::Sequential segment;
+  std::function<void()> prologue;
 };
 
 /// For its lifetime, keeps a copy of every buffer of `module`; then writes the copies back
@@ -55,23 +57,27 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   /// Runs under grad mode off (Function::apply sees to it), so nothing but what is saved here
   /// stays alive for backward.
   static at::Tensor forward(AutogradContext* ctx, torch::nn::Sequential segment,
-                            const at::Tensor& x, at::TensorList parameters) {
+                            const std::function<void()>& prologue, const at::Tensor& x,
+                            at::TensorList parameters) {
     ctx->saved_data["segment"] =
-        c10::IValue::make_capsule(c10::make_intrusive<SegmentHolder>(segment));
+        c10::IValue::make_capsule(c10::make_intrusive<SegmentHolder>(segment, prologue));
     ctx->saved_data["cpu_rng"] = rng_state(default_generator(at::kCPU));
     if (x.is_cuda()) ctx->saved_data["device_rng"] = rng_state(default_generator(x.device()));
     variable_list to_save{x};
     to_save.insert(to_save.end(), parameters.begin(), parameters.end());
     ctx->save_for_backward(std::move(to_save));
+    if (prologue) prologue();
     return segment->forward(x);
   }
 
   /// Recomputes the segment from the saved input and RNG states with grad enabled, and
   /// backpropagates `grad_outputs[0]` through the recomputation. Returns one entry per forward
-  /// argument: none for the segment, d/dx, then d/dparameter for each parameter.
+  /// argument: none for the segment and the prologue, d/dx, then d/dparameter for each
+  /// parameter.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto capsule = ctx->saved_data["segment"].toCapsule();
-    torch::nn::Sequential segment = static_cast<SegmentHolder*>(capsule.get())->segment;
+    const auto* holder = static_cast<SegmentHolder*>(capsule.get());
+    torch::nn::Sequential segment = holder->segment;
     variable_list saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
 
@@ -82,15 +88,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<size_t> slot;  // their positions in the returned list
     if (ctx->needs_input_grad(0)) {
       wrt.push_back(input);
-      slot.push_back(1);
+      slot.push_back(2);
     }
     for (size_t i = 1; i < saved.size(); ++i) {
       if (!ctx->needs_input_grad(i) || !saved[i].requires_grad()) continue;
       wrt.push_back(saved[i]);
-      slot.push_back(i + 1);
+      slot.push_back(i + 2);
     }
 
-    variable_list result(saved.size() + 1);  // [segment, x, parameters...]
+    variable_list result(saved.size() + 2);  // [segment, prologue, x, parameters...]
     {
       // Destroyed in reverse order: the buffers are written back after the gradients are
       // computed (BatchNorm's backward saves its running statistics, which a write before
@@ -102,6 +108,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       BufferSnapshot buffers(*segment);
 
       c10::AutoGradMode grad_mode(true);
+      if (holder->prologue) holder->prologue();
       at::Tensor output = segment->forward(input);
       if (wrt.empty() || !output.requires_grad()) return result;
       variable_list grads =
@@ -115,10 +122,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 }  // namespace
 
-torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::Tensor& x) {
-  if (!c10::GradMode::is_enabled()) return segment->forward(x);
+torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::Tensor& x,
+                                   const std::function<void()>& prologue) {
+  if (!c10::GradMode::is_enabled()) {
+    if (prologue) prologue();
+    return segment->forward(x);
+  }
   std::vector<at::Tensor> parameters = segment->parameters(/*recurse=*/true);
-  return CheckpointFunction::apply(segment, x, at::TensorList(parameters));
+  return CheckpointFunction::apply(segment, prologue, x, at::TensorList(parameters));
 }
 
 void checkpoint_every_segment(SegmentedModel& model, bool on) {

@@ -3,6 +3,8 @@
 // segment again with grad enabled and backpropagates through that recomputation.
 #pragma once
 
+#include <functional>
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -31,7 +33,11 @@ class SegmentedModel;
 /// forward and backward (the backward pass then throws, as autograd does for any saved
 /// tensor), nor its structure changed. Meant for training mode with grad enabled; under
 /// NoGradGuard it simply runs the segment.
-torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::Tensor& x);
+///
+/// `prologue`, when set, runs right before every run of the segment, the recomputation
+/// included, after the RNG state is saved or restored (SegmentedModel::set_segment_prologue).
+torch::Tensor checkpointed_forward(torch::nn::Sequential segment, const torch::Tensor& x,
+                                   const std::function<void()>& prologue = {});
 
 /// Turns activation checkpointing on for every segment of `model` (`on`) or off for all, the
 /// two settings the memory planner chooses between (MemoryPlan::activation_checkpointing).

@@ -15,10 +15,24 @@ namespace gpurun {
 torch::Tensor SegmentedModel::forward(torch::Tensor x) {
   const bool checkpointing = !checkpointed_.empty() && is_training() && c10::GradMode::is_enabled();
   for (size_t i = 0; i < segments_.size(); ++i) {
-    x = checkpointing && checkpointed_[i] ? checkpointed_forward(segments_[i], x)
-                                          : segments_[i]->forward(x);
+    const std::function<void()> none;
+    const std::function<void()>& prologue = i < prologues_.size() ? prologues_[i] : none;
+    if (checkpointing && checkpointed_[i]) {
+      x = checkpointed_forward(segments_[i], x, prologue);
+    } else {
+      if (prologue) prologue();
+      x = segments_[i]->forward(x);
+    }
   }
   return x;
+}
+
+void SegmentedModel::set_segment_prologue(size_t index, std::function<void()> prologue) {
+  if (index >= segments_.size())
+    throw std::out_of_range("set_segment_prologue: segment " + std::to_string(index) +
+                            " of a model of " + std::to_string(segments_.size()) + " segments");
+  prologues_.resize(segments_.size());
+  prologues_[index] = std::move(prologue);
 }
 
 torch::nn::Sequential SegmentedModel::add_segment(const std::string& name,

@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include "gpurun/loss.h"
+#include "train/precision.h"
 
 namespace gpurun {
 
@@ -23,10 +24,14 @@ class SegmentedModel;
 /// equals the gradient of one pass over all W samples (up to float summation order),
 /// including for a short last window and unequal shards. The caller zeroes gradients first.
 /// Returns this rank's share of the window's mean loss: sum of chunk losses x chunk / W.
-/// `window` <= 0 means S.
+/// `window` <= 0 means S. The forward pass and the loss run under autocast to
+/// `precision.precision`, the backward pass outside it; with `precision.loss_scale` defined
+/// (fp16's GradScaler::scale()), each backward is of the weighted loss times that scale, so the
+/// gradients are scaled by it (the returned loss is not).
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                             int64_t micro_batch, c10::Device device, int64_t window = 0,
-                            const LossFn& loss = cross_entropy);
+                            const LossFn& loss = cross_entropy,
+                            const StepPrecision& precision = {});
 
 /// The sums an evaluation adds up: loss x samples, and correct predictions over every target
 /// (a sample, or a token of a sequence model).
@@ -38,9 +43,11 @@ struct EvalSums {
 
 /// Evaluates the samples `indices` (int64) of `data` in batches of at most `eval_batch`, in
 /// eval mode without gradients, and puts `model` back in training mode. `before_batch`, when
-/// set, is called before each batch (the trainer's heartbeat).
+/// set, is called before each batch (the trainer's heartbeat). The forward passes run under
+/// autocast to `precision`, as training's do.
 EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                              int64_t eval_batch, c10::Device device, const LossFn& loss,
-                             const std::function<void()>& before_batch = {});
+                             const std::function<void()>& before_batch = {},
+                             Precision precision = Precision::kFp32);
 
 }  // namespace gpurun

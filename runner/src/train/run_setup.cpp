@@ -15,6 +15,7 @@
 #include "gpurun/registry.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
+#include "model/fine_tune.h"
 #include "model/torchscript_model.h"
 #include "train/data_stage.h"
 #include "train/device.h"
@@ -47,6 +48,10 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                 ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
                 : load_torchscript_model(config_path(config, config.model.torchscript),
                                          s.data.input_shape, s.data.num_classes);
+  // Adapters before the weights move: lora_A and lora_B are parameters like the others.
+  if (config.model.lora.rank > 0) s.lora_layers = add_lora_adapters(*s.model, config.model.lora);
+  if (!config.model.freeze.empty()) freeze_parameters(*s.model, config.model.freeze);
+  s.precision = resolve_precision(config.train.precision, s.device);
   s.model->to(s.device);
   // The weights are copied again under the meter, so that they count as device memory, and a
   // model whose weights alone exceed the capacity is refused with what it needs.
@@ -91,7 +96,7 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
 
 Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan) {
   return estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
-                       plan.activation_checkpointing, session.device);
+                       plan.activation_checkpointing, session.device, session.precision.precision);
 }
 
 namespace {
@@ -114,7 +119,8 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
   MemoryPlan plan;
   bool reuse = saved && saved->capacity_bytes == request.capacity_bytes &&
                saved->global_batch == request.global_batch && saved->world_size == world_size &&
-               saved->micro_batch > 0;
+               saved->micro_batch > 0 &&
+               saved->precision == precision_name(session.precision.precision);
   if (agree.any) reuse = !agree.any(!reuse);
   const auto agreed = [&](Probe p) { return agree.probe ? agree.probe(p) : p; };
   if (reuse) {
@@ -130,7 +136,8 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
       spdlog::info("world size changed ({} -> {}): planning again, global batch {} kept",
                    saved->world_size, world_size, request.global_batch);
     Prober prober(*session.model, session.data, config.optim, *session.meter,
-                  config.memory.probe_steps, session.device, session.loss);
+                  config.memory.probe_steps, session.device, session.loss,
+                  session.precision.precision);
     plan = choose_plan(
         request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
         [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); },
@@ -141,6 +148,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
           return c;
         });
   }
+  plan.precision = precision_name(session.precision.precision);
   plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
   plan.capacity_bytes = request.capacity_bytes;
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);

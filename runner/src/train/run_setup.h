@@ -16,6 +16,7 @@
 #include "gpurun/loss.h"
 #include "memory/peak_probe.h"
 #include "memory/planner.h"
+#include "train/precision.h"
 
 namespace gpurun {
 
@@ -31,6 +32,10 @@ struct Session {
   LossFn loss;  ///< train.loss from the registry
   /// data.stage_dir: a StageResult::to_json() per staged path (data_stage.h); empty: none.
   nlohmann::json data_stage = nlohmann::json::array();
+  /// train.precision resolved on the device (`auto`'s choice and why).
+  ResolvedPrecision precision;
+  /// model.lora: the Linear layers given adapters; empty: none.
+  std::vector<std::string> lora_layers;
 };
 
 /// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
@@ -48,7 +53,10 @@ struct PlanAgreement {
 
 /// Sets the thread count and seed, stages the data files (data.stage_dir), loads the data (not
 /// metered: host-resident data sets are not device memory), installs the meter, builds the model on
-/// the device, looks up the loss. Throws ConfigError for a bad device, dataset, model or loss.
+/// the device with its LoRA adapters (model.lora) and frozen parameters (model.freeze), resolves
+/// train.precision, looks up the loss. Throws ConfigError for a bad device, dataset, model, loss,
+/// LoRA target or freeze pattern. model.init_from is not read here: only a fresh run loads it
+/// (the trainer, after choosing no checkpoint; init_weights.h).
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0);
 

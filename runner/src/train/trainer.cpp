@@ -25,11 +25,14 @@
 #include "gpurun/registry.h"
 #include "memory/meter.h"
 #include "memory/planner.h"
+#include "model/fine_tune.h"
 #include "model/plugin_loader.h"
 #include "report/reporter.h"
 #include "train/device.h"
+#include "train/init_weights.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
+#include "train/precision.h"
 #include "train/run_setup.h"
 #include "util/clock.h"
 #include "util/faults.h"
@@ -133,14 +136,16 @@ class Trainer {
       const double read_seconds = seconds_since(read_start);
       // Refused before any probe: planning takes device time, and a refused resume needs none.
       if (loaded) check_resumable(*loaded);
+      if (!loaded && !config_.model.init_from.empty()) load_init_from();
       std::optional<MemoryPlan> saved;
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
       plan_ = make_plan(config_, session_, world_, saved, agreement());
       checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
       log_plan();
-      params_ = model_->parameters();
+      params_ = trainable_parameters(*model_);
       optimizer_ = make_optimizer(config_.optim, params_);
+      if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
       const int64_t n = data_.train->size();
       steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
       total_steps_ = steps_per_epoch_ * config_.train.epochs;
@@ -283,7 +288,48 @@ class Trainer {
     return a;
   }
 
+  /// model.init_from into the model of a fresh run (every rank: each checks the same file).
+  void load_init_from() {
+    const InitialWeights init = load_initial_weights(
+        *model_, config_path(config_, config_.model.init_from), config_.model.init_strict);
+    init_from_ = init.to_json();
+    spdlog::info("model.init_from: loaded {} tensors from {} (xxh3 {})", init.loaded, init.path,
+                 init.xxh3);
+    if (!init.not_loaded.empty() || !init.unused.empty()) {
+      std::string rest;
+      for (const std::string& k : init.not_loaded) rest += "\n  not loaded (kept its init): " + k;
+      for (const std::string& k : init.unused) rest += "\n  in the file, not in the model: " + k;
+      spdlog::warn(
+          "model.init_strict false: {} tensors of the model and {} of the file do not "
+          "match:{}",
+          init.not_loaded.size(), init.unused.size(), rest);
+    }
+  }
+
+  /// fp16's scale and growth tracker from the checkpoint, so that the resumed steps scale, skip
+  /// and grow as the uninterrupted run's would.
+  void restore_scaler(const CheckpointMeta& meta, const std::string& path) {
+    if (!scaler_) return;
+    if (meta.extra.contains("grad_scaler")) {
+      scaler_->load_state_dict(meta.extra["grad_scaler"]);
+      return;
+    }
+    spdlog::warn(
+        "{} was trained in {} and holds no gradient scaler state; fp16 starts its "
+        "loss scale afresh at 65536",
+        path, meta.extra.value("precision", std::string("fp32")));
+  }
+
   void log_plan() const {
+    const ParameterCounts counts = count_parameters(*model_);
+    spdlog::info("precision {} ({}); parameters: {} trainable of {} ({:.1f}%){}",
+                 precision_name(session_.precision.precision), session_.precision.reason,
+                 counts.trainable, counts.total,
+                 counts.total ? 100.0 * static_cast<double>(counts.trainable) / counts.total : 0.0,
+                 session_.lora_layers.empty()
+                     ? ""
+                     : ", LoRA rank " + std::to_string(config_.model.lora.rank) + " on " +
+                           std::to_string(session_.lora_layers.size()) + " Linear layers");
     const int64_t measured = plan_.measured_peak_bytes, estimated = plan_.estimated_peak_bytes;
     spdlog::info(
         "memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
@@ -306,10 +352,12 @@ class Trainer {
     const CheckpointMeta& meta = loaded.meta;
     // Recomputed from the saved config, so that a key added by a later gpurun (read back with
     // its default) does not make an older checkpoint look like another run.
-    if (config_hash(config_from_json(meta.config)) == config_hash(config_)) return;
+    RunConfig saved = config_from_json(meta.config);
+    // A run of train.precision auto left the choice to gpurun: any precision may resume it.
+    if (saved.train.precision == "auto") saved.train.precision = config_.train.precision;
+    if (config_hash(saved) == config_hash(config_)) return;
     std::string keys;
-    for (const auto& k : changed_training_keys(config_from_json(meta.config), config_))
-      keys += "\n  " + k;
+    for (const auto& k : changed_training_keys(saved, config_)) keys += "\n  " + k;
     throw ResumeError("cannot resume " + loaded.info.path +
                       ": training keys differ from the checkpoint's config:" + keys +
                       "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
@@ -368,6 +416,8 @@ class Trainer {
     position_ = meta.position_in_epoch;
     epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
     epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
+    if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
+    restore_scaler(meta, loaded->info.path);
     checkpointer_.resumed_from(loaded->info.path, global_step_);
     interval_first_step_ = global_step_;
     reporter_.status({{"last_checkpoint", loaded->info.path}});
@@ -465,8 +515,9 @@ class Trainer {
       double loss = 0;
       bool out_of_memory = false;
       try {
-        loss = accumulate_gradients(*model_, *data_.train, shard, plan_.micro_batch, device_,
-                                    window, session_.loss);
+        loss = accumulate_gradients(
+            *model_, *data_.train, shard, plan_.micro_batch, device_, window, session_.loss,
+            {session_.precision.precision, scaler_ ? scaler_->scale() : at::Tensor()});
       } catch (const c10::OutOfMemoryError& e) {
         if (!comm_) {
           shrink_after_oom();
@@ -489,10 +540,17 @@ class Trainer {
           continue;
         }
       }
+      // After the all-reduce: an inf on any rank is in every rank's sum, so all skip alike.
+      if (scaler_) scaler_->unscale(params_);
       if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
       lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
       set_learning_rate(*optimizer_, lr_);
-      optimizer_->step();
+      if (scaler_) {
+        if (!scaler_->step(*optimizer_, params_)) ++skipped_steps_;
+        scaler_->update();
+      } else {
+        optimizer_->step();
+      }
       return loss;
     }
   }
@@ -543,7 +601,7 @@ class Trainer {
     const int64_t n = data_.eval->size();
     const EvalSums mine = evaluate_in_batches(
         *model_, *data_.eval, at::arange(rank_, n, world_, at::kLong), plan_.eval_batch, device_,
-        session_.loss, [this] { reporter_.heartbeat(global_step_); });
+        session_.loss, [this] { reporter_.heartbeat(global_step_); }, session_.precision.precision);
     double loss_sum = mine.loss_sum, correct = mine.correct, positions = mine.positions;
     if (comm_) {
       const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
@@ -589,6 +647,10 @@ class Trainer {
                              {"samples_per_second", throughput_},
                              {"time", step_end_time}};  // the moment the rate is measured to
     fields["eta_seconds"] = eta;
+    if (scaler_) {
+      fields["loss_scale"] = scaler_->scale_value();
+      fields["skipped_steps"] = skipped_steps_;  // of this process, inf or NaN gradients
+    }
     if (comm_) {
       // What the gradient synchronisation moved per optimizer step since the last report.
       const CollectiveStats& now = comm_->stats();
@@ -650,7 +712,10 @@ class Trainer {
     meta.extra = {{"reason", reason},
                   {"device", device_.str()},
                   // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
-                  {"deterministic", !device_.is_cuda() || config_.train.deterministic}};
+                  {"deterministic", !device_.is_cuda() || config_.train.deterministic},
+                  {"precision", precision_name(session_.precision.precision)}};
+    if (scaler_) meta.extra["grad_scaler"] = scaler_->state_dict();
+    if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
     if (position > 0) {
       meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
       meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
@@ -713,6 +778,9 @@ class Trainer {
   std::vector<at::Tensor> params_;
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<GradScaler> scaler_;  ///< fp16 only
+  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients
+  nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;

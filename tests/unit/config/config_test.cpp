@@ -497,3 +497,62 @@ TEST(Config, SampleKeysAreNotHashedAndTheLossIs) {
 
 }  // namespace
 }  // namespace gpurun
+
+namespace gpurun {
+namespace {
+
+TEST(Config, FineTuningKeysNestLoraAndTakeListsOfPatterns) {
+  const RunConfig c = parse_config(
+      "model:\n"
+      "  name: gpt\n"
+      "  freeze: [\"embed.*\", \"head.*\"]\n"
+      "  init_from: base.pt\n"
+      "  lora: {rank: 8, alpha: 16, targets: [\"*.attention.*\"]}\n"
+      "data: {name: text}\n"
+      "train: {precision: bf16}\n",
+      "run.yaml", {"model.lora.dropout=0.05"});
+  EXPECT_EQ(c.model.freeze, (std::vector<std::string>{"embed.*", "head.*"}));
+  EXPECT_EQ(c.model.lora.rank, 8);
+  EXPECT_EQ(c.model.lora.alpha, 16);
+  EXPECT_EQ(c.model.lora.dropout, 0.05);
+  EXPECT_EQ(c.model.lora.targets, (std::vector<std::string>{"*.attention.*"}));
+  EXPECT_EQ(c.train.precision, "bf16");
+  // The manifest's JSON nests the group and reads back to the same config.
+  const nlohmann::json j = config_to_json(c);
+  EXPECT_EQ(j["model"]["lora"]["rank"], 8);
+  EXPECT_EQ(config_hash(config_from_json(j)), config_hash(c));
+  // init_from is where the weights start, not what is learned; precision and LoRA are.
+  RunConfig other = c;
+  other.model.init_from = "elsewhere.pt";
+  EXPECT_EQ(config_hash(other), config_hash(c));
+  other.model.lora.rank = 4;
+  EXPECT_NE(config_hash(other), config_hash(c));
+  other = c;
+  other.train.precision = "fp16";
+  EXPECT_NE(config_hash(other), config_hash(c));
+}
+
+TEST(Config, FineTuningKeyErrorsNameTheKeyAndSuggest) {
+  const auto message = [](const std::string& yaml, std::vector<std::string> sets = {}) {
+    try {
+      parse_config(yaml, "run.yaml", sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("model: {lora: {rnak: 8}}\n")
+                .find("unknown key model.lora.rnak; did you "
+                      "mean model.lora.rank?"),
+            std::string::npos)
+      << message("model: {lora: {rnak: 8}}\n");
+  EXPECT_NE(message("train: {precision: bf61}\n").find("did you mean bf16?"), std::string::npos);
+  EXPECT_NE(message("model: {freeze: embed}\n").find("model.freeze must be a list of strings"),
+            std::string::npos)
+      << message("model: {freeze: embed}\n");
+  EXPECT_NE(message("", {"model.lora.targets=[]"}).find("non-empty list of strings"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpurun

@@ -1,0 +1,206 @@
+#include "model/fine_tune.h"
+
+#include <fnmatch.h>
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/bernoulli.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/linear.h>
+
+#include <map>
+#include <memory>
+
+#include "gpurun/errors.h"
+#include "gpurun/model.h"
+
+namespace gpurun {
+namespace {
+
+/// Up to `most` of `names`, comma-separated, with how many more there are.
+std::string some_of(const std::vector<std::string>& names, size_t most = 6) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > most) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out.empty() ? "none" : out;
+}
+
+bool any_matches(const std::vector<std::string>& patterns, const std::string& name) {
+  for (const std::string& p : patterns)
+    if (name_matches(p, name)) return true;
+  return false;
+}
+
+/// For its lifetime, autocast is off on `type`: the adapted weight is summed in float32, the
+/// dtype of the weight it replaces, whatever the forward pass runs under.
+class NoAutocast {
+ public:
+  explicit NoAutocast(c10::DeviceType type)
+      : type_(type), was_(at::autocast::is_autocast_enabled(type)) {
+    at::autocast::set_autocast_enabled(type_, false);
+  }
+  ~NoAutocast() { at::autocast::set_autocast_enabled(type_, was_); }
+  NoAutocast(const NoAutocast&) = delete;
+  NoAutocast& operator=(const NoAutocast&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool was_;
+};
+
+/// One adapted Linear layer.
+struct Adapter {
+  torch::nn::LinearImpl* linear;  ///< owned by the model, which owns the prologue holding us
+  at::Tensor base;                ///< the registered (frozen) weight W [out, in]
+  at::Tensor a, b;                ///< lora_A [rank, in], lora_B [out, rank]
+  double scale, dropout;
+
+  /// linear.weight = W + B A scale (columns dropped in training with dropout > 0).
+  void apply() {
+    NoAutocast no_autocast(base.device().type());
+    at::Tensor delta_a = a;
+    if (dropout > 0 && linear->is_training()) {  // as nn::Dropout: training mode decides
+      const at::Tensor keep =
+          at::bernoulli(at::full({1, a.size(1)}, 1.0 - dropout, a.options().requires_grad(false)));
+      delta_a = a * keep / (1.0 - dropout);
+    }
+    linear->weight = at::addmm(base, b, delta_a, /*beta=*/1.0, /*alpha=*/scale);
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& model) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+ParameterCounts count_parameters(const torch::nn::Module& model) {
+  ParameterCounts c;
+  for (const at::Tensor& p : model.parameters()) {
+    c.total += p.numel();
+    if (p.requires_grad()) c.trainable += p.numel();
+  }
+  return c;
+}
+
+bool name_matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+int64_t freeze_parameters(torch::nn::Module& model, const std::vector<std::string>& patterns) {
+  const auto named = model.named_parameters(/*recurse=*/true);
+  std::vector<std::string> names;
+  for (const auto& item : named) names.push_back(item.key());
+  for (const std::string& pattern : patterns) {
+    bool matched = false;
+    for (const std::string& name : names) matched = matched || name_matches(pattern, name);
+    if (!matched)
+      throw ConfigError("model.freeze: the pattern \"" + pattern +
+                        "\" matches no parameter of the model; its parameters are named " +
+                        some_of(names) + " (`*` also matches dots)");
+  }
+  int64_t frozen = 0;
+  for (const auto& item : named) {
+    if (!any_matches(patterns, item.key())) continue;
+    if (item.value().requires_grad()) ++frozen;
+    item.value().requires_grad_(false);
+  }
+  return frozen;
+}
+
+std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConfig& lora) {
+  if (model.segments().empty())
+    throw ConfigError(
+        "model.lora needs a model built of segments (a built-in model or a plugin's); a "
+        "TorchScript module's layers cannot be adapted");
+  const double scale = lora.alpha / static_cast<double>(lora.rank);
+  std::vector<std::string> adapted, linears;
+  std::vector<std::vector<std::shared_ptr<Adapter>>> per_segment(model.segments().size());
+  for (size_t i = 0; i < model.segments().size(); ++i) {
+    for (const auto& item : model.segments()[i]->named_modules(model.segment_names()[i])) {
+      auto* linear = item.value()->as<torch::nn::Linear>();
+      if (!linear) continue;
+      linears.push_back(item.key());
+      if (!any_matches(lora.targets, item.key())) continue;
+      const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+      const auto options = linear->weight.options();
+      at::Tensor a = at::empty({lora.rank, in}, options);
+      {
+        c10::NoGradGuard no_grad;
+        torch::nn::init::normal_(a, 0.0, 1.0 / static_cast<double>(lora.rank));
+      }
+      at::Tensor b = at::zeros({out, lora.rank}, options);
+      auto adapter = std::make_shared<Adapter>();
+      adapter->linear = linear;
+      adapter->base = linear->weight;
+      adapter->a = linear->register_parameter("lora_A", a);
+      adapter->b = linear->register_parameter("lora_B", b);
+      adapter->scale = scale;
+      adapter->dropout = lora.dropout;
+      per_segment[i].push_back(adapter);
+      adapted.push_back(item.key());
+    }
+  }
+  if (adapted.empty())
+    throw ConfigError(
+        "model.lora.targets matches no Linear layer of the model; its Linear layers "
+        "are " +
+        some_of(linears) + " (`*` also matches dots)");
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    const bool adapter = name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 ||
+                                             name.compare(name.size() - 7, 7, ".lora_B") == 0);
+    item.value().requires_grad_(adapter);
+  }
+  for (size_t i = 0; i < per_segment.size(); ++i) {
+    if (per_segment[i].empty()) continue;
+    model.set_segment_prologue(i, [adapters = per_segment[i]] {
+      for (const auto& adapter : adapters) adapter->apply();
+    });
+  }
+  return adapted;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> merge_lora_adapters(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, double scale) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  const auto find = [&](const std::string& name) {
+    const auto it = by_name.find(name);
+    return it == by_name.end() ? at::Tensor() : it->second;
+  };
+  const auto layer_of = [](const std::string& name, const char* suffix) {
+    const std::string s = suffix;
+    return name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0
+               ? name.substr(0, name.size() - s.size())
+               : std::string();
+  };
+  c10::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> merged;
+  for (const auto& [name, tensor] : state) {
+    const std::string a_layer = layer_of(name, ".lora_A"), b_layer = layer_of(name, ".lora_B");
+    if (!a_layer.empty() && find(a_layer + ".lora_B").defined() &&
+        find(a_layer + ".weight").defined())
+      continue;
+    if (!b_layer.empty() && find(b_layer + ".lora_A").defined() &&
+        find(b_layer + ".weight").defined())
+      continue;
+    const std::string layer = layer_of(name, ".weight");
+    const at::Tensor a = layer.empty() ? at::Tensor() : find(layer + ".lora_A");
+    const at::Tensor b = layer.empty() ? at::Tensor() : find(layer + ".lora_B");
+    if (a.defined() && b.defined())
+      merged.emplace_back(
+          name, at::addmm(tensor.to(at::kFloat), b.to(at::kFloat), a.to(at::kFloat), 1.0, scale)
+                    .to(tensor.scalar_type()));
+    else
+      merged.emplace_back(name, tensor);
+  }
+  return merged;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,105 @@
+#include "train/init_weights.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/nn/module.h>
+
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/pickle.h"
+#include "gpurun/errors.h"
+#include "gpurun/model.h"
+#include "util/fs.h"
+#include "util/hash.h"
+
+namespace gpurun {
+
+nlohmann::json InitialWeights::to_json() const {
+  return {{"path", path},
+          {"xxh3", xxh3},
+          {"loaded", loaded},
+          {"not_loaded", not_loaded},
+          {"unused", unused}};
+}
+
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string out = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+  return out + "]";
+}
+
+bool is_adapter(const std::string& name) {
+  for (const char* suffix : {".lora_A", ".lora_B"}) {
+    const std::string s = suffix;
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
+      return true;
+  }
+  return false;
+}
+
+std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < 12; ++i) out += "\n  " + items[i];
+  if (items.size() > 12) out += "\n  ... (" + std::to_string(items.size()) + " in all)";
+  return out;
+}
+
+}  // namespace
+
+InitialWeights load_initial_weights(torch::nn::Module& model, const std::string& path,
+                                    bool strict) {
+  InitialWeights result;
+  result.path = path;
+  std::string bytes;
+  try {
+    bytes = fs::read_file(path);
+  } catch (const std::exception& e) {
+    throw ConfigError("model.init_from: cannot read " + path + ": " + e.what());
+  }
+  result.xxh3 = xxh3_hex(bytes);
+  NamedTensors file;
+  try {
+    file = unpickle_tensors(bytes, path);
+  } catch (const std::exception& e) {
+    throw ConfigError(
+        "model.init_from: " + path +
+        " is not a state_dict (a torch.save of a dict of name -> tensor): " + e.what());
+  }
+  std::map<std::string, at::Tensor> by_name(file.begin(), file.end());
+  const auto target = state_dict(model);
+  std::vector<std::string> mismatched, missing;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // model tensor <- file tensor
+  for (const auto& [name, tensor] : target) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      if (!is_adapter(name)) missing.push_back(name);
+    } else if (it->second.sizes() != tensor.sizes()) {
+      mismatched.push_back(name + ": the file has " + shape_of(it->second) + ", the model " +
+                           shape_of(tensor));
+    } else {
+      copies.emplace_back(tensor, it->second);
+    }
+    if (it != by_name.end()) by_name.erase(it);
+  }
+  for (const auto& [name, tensor] : file)
+    if (by_name.count(name)) result.unused.push_back(name + " " + shape_of(tensor));
+  result.not_loaded = mismatched;
+  result.not_loaded.insert(result.not_loaded.end(), missing.begin(), missing.end());
+  if (strict && (!result.not_loaded.empty() || !result.unused.empty())) {
+    std::string message = "model.init_from: " + path + " does not fit the model";
+    if (!mismatched.empty()) message += "; shapes differ:" + listed(mismatched);
+    if (!missing.empty()) message += "\nmissing from the file:" + listed(missing);
+    if (!result.unused.empty())
+      message += "\nin the file but not in the model:" + listed(result.unused);
+    throw ConfigError(message + "\n(model.init_strict: false loads the tensors that match)");
+  }
+  c10::NoGradGuard no_grad;
+  for (auto& [to, from] : copies) to.copy_(from);
+  result.loaded = static_cast<int64_t>(copies.size());
+  return result;
+}
+
+}  // namespace gpurun

@@ -1,0 +1,171 @@
+#include "train/precision.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/cpu/Utils.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <torch/optim/optimizer.h>
+
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#ifdef GPURUN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "gpurun/errors.h"
+
+namespace gpurun {
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kFp32:
+      break;
+  }
+  return "fp32";
+}
+
+c10::ScalarType autocast_dtype(Precision p) {
+  switch (p) {
+    case Precision::kBf16:
+      return c10::kBFloat16;
+    case Precision::kFp16:
+      return c10::kHalf;
+    case Precision::kFp32:
+      break;
+  }
+  return c10::kFloat;
+}
+
+namespace {
+
+/// Whether the CPU computes bf16 natively (cpuinfo's flags, as oneDNN's bf16 kernels need).
+bool cpu_has_bf16() {
+  const auto caps = at::cpu::get_cpu_capabilities();
+  const auto flag = [&](const char* name) {
+    const auto it = caps.find(name);
+    return it != caps.end() && it->second.isBool() && it->second.toBool();
+  };
+  return flag("avx512_bf16") || flag("amx_bf16");
+}
+
+/// torch.cuda.is_bf16_supported(including_emulation=False): compute capability 8.0 or newer.
+bool cuda_has_bf16(c10::Device device) {
+#ifdef GPURUN_WITH_CUDA
+  return at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->major >= 8;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+}  // namespace
+
+ResolvedPrecision resolve_precision(const std::string& setting, c10::Device device) {
+  if (setting == "fp32") return {Precision::kFp32, "train.precision"};
+  if (setting == "bf16") return {Precision::kBf16, "train.precision"};
+  if (setting == "fp16") return {Precision::kFp16, "train.precision"};
+  if (setting != "auto")
+    throw ConfigError("train.precision must be one of fp32, bf16, fp16, auto, got " + setting);
+  if (device.is_cuda()) {
+    if (cuda_has_bf16(device)) return {Precision::kBf16, "auto: the GPU computes bf16"};
+    return {Precision::kFp16,
+            "auto: the GPU has no bf16 (compute capability < 8): fp16 with "
+            "a gradient scaler"};
+  }
+  if (cpu_has_bf16()) return {Precision::kBf16, "auto: the CPU has AVX512-BF16 or AMX-BF16"};
+  return {Precision::kFp32, "auto: the CPU has no bf16 units, so a narrower dtype is no faster"};
+}
+
+AutocastGuard::AutocastGuard(Precision precision, c10::Device device) : type_(device.type()) {
+  if (precision == Precision::kFp32) return;
+  active_ = true;
+  was_enabled_ = at::autocast::is_autocast_enabled(type_);
+  was_dtype_ = at::autocast::get_autocast_dtype(type_);
+  at::autocast::set_autocast_enabled(type_, true);
+  at::autocast::set_autocast_dtype(type_, autocast_dtype(precision));
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  // As torch.autocast.__exit__: the cache of casted weights lives while any guard does.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type_, was_enabled_);
+  at::autocast::set_autocast_dtype(type_, was_dtype_);
+}
+
+GradScaler::GradScaler(c10::Device device, Options options) : options_(options) {
+  const auto on = at::TensorOptions().device(device);
+  scale_ = at::full({}, options_.init_scale, on.dtype(at::kFloat));
+  growth_tracker_ = at::full({}, 0, on.dtype(at::kInt));
+  found_inf_ = at::full({}, 0.0, on.dtype(at::kFloat));
+}
+
+double GradScaler::scale_value() const { return scale_.item<double>(); }
+
+void GradScaler::unscale(const std::vector<at::Tensor>& params) {
+  if (unscaled_)
+    throw std::logic_error("GradScaler::unscale() was already called since the last update()");
+  // In double, then float, as PyTorch computes its inv_scale.
+  const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  found_inf_.zero_();
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  // One call per dtype, as the kernel requires (PyTorch groups by device and dtype too).
+  for (const c10::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble}) {
+    std::vector<at::Tensor> group;
+    for (const at::Tensor& g : grads)
+      if (g.scalar_type() == dtype) group.push_back(g);
+    if (!group.empty())
+      at::_amp_foreach_non_finite_check_and_unscale_(group, found_inf_, inv_scale);
+  }
+  unscaled_ = true;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
+  if (!unscaled_) unscale(params);
+  if (found_inf_.item<float>() != 0.0f) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor,
+                         options_.backoff_factor, options_.growth_interval);
+  unscaled_ = false;
+}
+
+nlohmann::json GradScaler::state_dict() const {
+  return {{"scale", scale_.item<double>()},
+          {"growth_factor", options_.growth_factor},
+          {"backoff_factor", options_.backoff_factor},
+          {"growth_interval", options_.growth_interval},
+          {"_growth_tracker", growth_tracker_.item<int64_t>()}};
+}
+
+void GradScaler::load_state_dict(const nlohmann::json& state) {
+  try {
+    const double scale = state.at("scale").get<double>();
+    const int64_t tracker = state.at("_growth_tracker").get<int64_t>();
+    if (!(scale > 0) || tracker < 0) throw std::invalid_argument("out of range");
+    options_.growth_factor = state.at("growth_factor").get<double>();
+    options_.backoff_factor = state.at("backoff_factor").get<double>();
+    options_.growth_interval = state.at("growth_interval").get<int64_t>();
+    scale_.fill_(scale);
+    growth_tracker_.fill_(tracker);
+  } catch (const std::exception& e) {
+    throw ResumeError("the checkpoint's grad_scaler state " + state.dump() +
+                      " is not a GradScaler state_dict: " + e.what());
+  }
+  unscaled_ = false;
+}
+
+}  // namespace gpurun
