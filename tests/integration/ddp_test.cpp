@@ -273,6 +273,37 @@ TEST(Cases, Case13RanksNeverOpenACheckpointRank0IsStillWriting) {
   EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
 }
 
+// Issue 12: bf16 autocast on 2 ranks, every process SIGKILLed after a checkpoint and the job
+// started again: the digest of the uninterrupted 2-rank bf16 run.
+TEST(Ddp, Bf16TwoRanksSigkilledAndResumedEndWithTheUninterruptedDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(960, 32, 2));
+  const std::vector<std::string> sets{"train.precision=bf16", "checkpoint.every_steps=5",
+                                      "model.dropout=0.1"};
+  Result reference = run_gpurun(ddp(with_sets({config, "--ckpt", dir / "reference"}, sets), 2));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const std::string ckpt = dir / "ckpt";
+  const auto args = ddp(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), 2);
+  int kills = 0;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
+    const pid_t launcher = start_gpurun(args, dir / "run");
+    if (kills < 2 && wait_for_new_checkpoint(ckpt, launcher, before)) {
+      for (int rank : {0, 1})
+        if (const pid_t pid = worker_pid(launcher, rank); pid > 0) kill(pid, SIGKILL);
+      kill(launcher, SIGKILL);
+    }
+    Result r = wait_gpurun(launcher, dir / "run");
+    if (r.exit_code == 0) break;
+    ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+    ++kills;
+  }
+  EXPECT_EQ(kills, 2);
+  EXPECT_EQ(events(ckpt, "resume").size(), 2u);
+  EXPECT_EQ(inspect(ckpt)["extra"]["precision"], "bf16");
+  EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
+}
+
 // Issue 5: under a memory limit every rank probes, the largest peak decides, and all ranks
 // train with the same plan: micro-batch x accumulation x world size = the global batch.
 TEST(Ddp, RanksAgreeOnOneMemoryPlanUnderALimit) {
