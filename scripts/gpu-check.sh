@@ -3,8 +3,9 @@
 # names a build) against the machine's PyTorch, then measures the CUDA unit tests, the memory
 # meter against PyTorch's own counter, fitting under a memory limit, recovery from a real OOM in
 # training, an exact resume after SIGKILL, throughput against a plain PyTorch loop, the
-# checkpoint stall, and NCCL. On a machine without a GPU, --device cpu runs every row that does
-# not need CUDA and marks the others skipped.
+# checkpoint stall, NCCL, and mixed precision (bf16 against fp32, fp16 resumed exactly). On a
+# machine without a GPU, --device cpu runs every row that does not need CUDA and marks the
+# others skipped.
 #
 # Usage: scripts/gpu-check.sh [--device cuda|cpu] [--out DIR] [--build-dir DIR]
 #
@@ -282,6 +283,35 @@ if [ "$device" = cuda ]; then
 else
   row "8. NCCL" skipped "no GPU (--device cpu)"
 fi
+
+# --- 9. mixed precision: fp16 with the gradient scaler resumed exactly, bf16 against fp32 ------
+cfg=$(config amp "{name: cnn, batch_norm: true}" "checkpoint: {every_steps: 8}")
+for p in fp32 bf16; do
+  "$gpurun" "$cfg" --ckpt "$work/amp-$p" --device "$device" --set train.precision=$p \
+    >"$logs/amp-$p.log" 2>&1
+done
+# fp16 convolutions are slow on a CPU (LibTorch has no fast kernels there): the MLP instead.
+amp=(--set train.precision=fp16 --set train.accumulation_steps=2)
+[ "$device" = cpu ] && amp+=(--set model.name=mlp)
+"$gpurun" "$cfg" --ckpt "$work/amp-fp16" --device "$device" "${amp[@]}" >"$logs/amp-fp16.log" 2>&1
+(GPURUN_FAULT=sigkill:after_step:21 exec "$gpurun" "$cfg" --ckpt "$work/amp-killed" \
+  --device "$device" "${amp[@]}" >"$logs/amp-killed.log" 2>&1)
+"$gpurun" "$cfg" --ckpt "$work/amp-killed" --device "$device" "${amp[@]}" --resume \
+  >"$logs/amp-resumed.log" 2>&1
+verdict=$("$python" - "$work" "$(digest "$work/amp-fp16")" "$(digest "$work/amp-killed")" <<'PY'
+import json, sys
+work, whole, killed = sys.argv[1:4]
+def accuracy(p):
+    epochs = [json.loads(l) for l in open(f"{work}/amp-{p}/metrics.jsonl") if '"event":"epoch"' in l]
+    return epochs[-1]["eval_accuracy"] if epochs else None
+def seconds(p):
+    return sum(json.loads(l)["seconds"] for l in open(f"{work}/amp-{p}/metrics.jsonl") if '"event":"epoch"' in l)
+a32, a16 = accuracy("fp32"), accuracy("bf16")
+ok = a32 is not None and a16 is not None and abs(a32 - a16) <= 0.02 and whole and whole == killed
+print(("pass" if ok else "fail") + f" bf16 accuracy {a16} vs fp32 {a32} ({seconds('fp32') / max(seconds('bf16'), 1e-9):.2f}x speed); fp16 + accumulation 2 SIGKILLed and resumed: digest {killed or 'none'} vs {whole or 'none'}")
+PY
+)
+row "9. bf16 vs fp32, fp16 resume" "${verdict%% *}" "${verdict#* }"
 
 row "total" "$([ $failures -eq 0 ] && echo pass || echo fail)" "$failures failed rows, $(elapsed)"
 [ "$failures" -eq 0 ]

@@ -79,7 +79,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   // Two sizes without checkpointing and one with fix the lines for the card table.
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   Prober prober(*session.model, session.data, config.optim, *session.meter,
-                config.memory.probe_steps, session.device, session.loss);
+                config.memory.probe_steps, session.device, session.loss,
+                session.precision.precision);
   checkpoint_every_segment(*session.model, false);
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
@@ -103,6 +104,23 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     if (!ck.out_of_memory)
       checkpointed = Line{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
   }
+  // The plan's training step under each precision, side by side: measured and estimated.
+  nlohmann::json precisions = nlohmann::json::array();
+  for (const Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    Prober under(*session.model, session.data, config.optim, *session.meter,
+                 config.memory.probe_steps, session.device, session.loss, p);
+    const Probe probe = under.train(plan.micro_batch, plan.activation_checkpointing);
+    const Estimate e =
+        estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
+                      plan.activation_checkpointing, session.device, p);
+    precisions.push_back(
+        {{"precision", precision_name(p)},
+         {"measured_peak_bytes",
+          probe.out_of_memory ? nlohmann::json() : nlohmann::json(probe.peak_bytes)},
+         {"estimated_peak_bytes", e.total()},
+         {"step_seconds", probe.step_seconds},
+         {"this_run", p == session.precision.precision}});
+  }
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
   // Evaluation: the state between steps (the training line's fixed part) plus a share per
@@ -118,6 +136,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   nlohmann::json result = plan.to_json();
   result["device"] = session.meter->device_name();
   result["breakdown"] = estimate.to_json();
+  result["precisions"] = precisions;
+  result["precision_reason"] = session.precision.reason;
   result["eta_seconds"] = eta;
   result["total_steps"] = steps;
   if (!session.data_stage.empty()) result["data_stage"] = session.data_stage;
@@ -158,7 +178,24 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   out << "  estimate      parameters+buffers " << format_bytes(estimate.parameters)
       << ", gradients " << format_bytes(estimate.gradients) << ", optimizer state "
       << format_bytes(estimate.optimizer_state) << ", activations "
-      << format_bytes(estimate.activations) << "\n";
+      << format_bytes(estimate.activations)
+      << (estimate.weight_casts
+              ? ", autocast's weight copies " + format_bytes(estimate.weight_casts)
+              : std::string())
+      << "\n";
+  out << "precision       " << precision_name(session.precision.precision) << " ("
+      << session.precision.reason << "); a training step of this plan under each:\n";
+  for (const auto& p : precisions) {
+    const std::string measured = p["measured_peak_bytes"].is_null()
+                                     ? "out of memory"
+                                     : format_bytes(p["measured_peak_bytes"].get<int64_t>());
+    std::snprintf(line, sizeof line, "  %-4s          peak %s (estimated %s), %.4f s/step%s\n",
+                  p["precision"].get<std::string>().c_str(), measured.c_str(),
+                  format_bytes(p["estimated_peak_bytes"].get<int64_t>()).c_str(),
+                  p["step_seconds"].get<double>(),
+                  p["this_run"].get<bool>() ? "  <- this run" : "");
+    out << line;
+  }
   std::snprintf(line, sizeof line,
                 "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
                 plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
