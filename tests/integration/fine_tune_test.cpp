@@ -305,18 +305,9 @@ TEST(Lora, SigkilledAndResumedEndsWithTheUninterruptedDigest) {
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
   const std::string expected = inspect(dir / "reference").value("model_digest", "");
   const std::string ckpt = dir / "ckpt";
-  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
-  int kills = 0;
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    const std::string before = slurp(ckpt + "/LATEST");
-    const pid_t pid = start_gpurun(args, dir / "run");
-    if (kills < 3 && wait_for_new_checkpoint(ckpt, pid, before)) kill(pid, SIGKILL);
-    Result r = wait_gpurun(pid, dir / "run");
-    if (r.exit_code == 0) break;
-    ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
-    ++kills;
-  }
-  EXPECT_GE(kills, 3);
+  EXPECT_GE(sigkill_after_checkpoints(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), ckpt,
+                                      dir / "run", 3),
+            3);
   EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
 }
 

@@ -219,4 +219,23 @@ bool Tmpfs::remount_writable() {
   return mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT, nullptr) == 0;
 }
 
+int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::string& ckpt,
+                              const std::string& log_prefix, int kills) {
+  int killed = 0;
+  for (int attempt = 0; attempt < kills + 10; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
+    const pid_t pid = start_gpurun(args, log_prefix);
+    if (killed < kills && wait_for_new_checkpoint(ckpt, pid, before)) {
+      sleep_for(0.05 * killed);
+      kill(pid, SIGKILL);
+    }
+    Result r = wait_gpurun(pid, log_prefix);
+    if (r.exit_code == 0) break;
+    EXPECT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+    if (r.signal != SIGKILL) break;
+    ++killed;
+  }
+  return killed;
+}
+
 }  // namespace gpurun::test

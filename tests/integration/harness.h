@@ -88,6 +88,12 @@ void sleep_for(double seconds);
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds = 120);
 
+/// Starts the run `args` (with --resume) again and again, SIGKILLing it after each of its first
+/// `kills` new checkpoints in `ckpt` (the n-th kill 50 ms x n after the checkpoint appears),
+/// until it exits 0; returns how many times it was killed. Any other end fails the test.
+int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::string& ckpt,
+                              const std::string& log_prefix, int kills);
+
 /// Waits until `dir` holds a .tmp-ckpt folder (a checkpoint being written or copied there);
 /// false when `pid` exits or `seconds` pass first.
 bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds);

@@ -59,27 +59,6 @@ TEST(Precision, Bf16FashionMnistReachesTheFp32AccuracyWithinOnePoint) {
       bf16.samples_per_second / fp32.samples_per_second);
 }
 
-/// Kills the run `args` describes with SIGKILL after each of its first `kills` new checkpoints,
-/// restarting it with the same arguments, until it finishes; returns the number of kills.
-int kill_and_resume(const TempDir& dir, const std::vector<std::string>& args,
-                    const std::string& ckpt, int kills) {
-  int killed = 0;
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    const std::string before = slurp(ckpt + "/LATEST");
-    const pid_t pid = start_gpurun(args, dir / "run");
-    if (killed < kills && wait_for_new_checkpoint(ckpt, pid, before)) {
-      sleep_for(0.05 * killed);
-      kill(pid, SIGKILL);
-    }
-    Result r = wait_gpurun(pid, dir / "run");
-    if (r.exit_code == 0) break;
-    EXPECT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
-    if (r.signal != SIGKILL) break;
-    ++killed;
-  }
-  return killed;
-}
-
 TEST(Precision, Fp16WithAccumulationSigkilledAndResumedEndsWithTheUninterruptedDigest) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(960, 40, 2));
@@ -97,7 +76,8 @@ TEST(Precision, Fp16WithAccumulationSigkilledAndResumedEndsWithTheUninterruptedD
   EXPECT_EQ(steps.back()["loss_scale"], 65536.0);  // no overflow: the initial scale, 2^16
 
   const std::string ckpt = dir / "ckpt";
-  EXPECT_GE(kill_and_resume(dir, with_sets({config, "--ckpt", ckpt, "--resume"}, sets), ckpt, 3),
+  EXPECT_GE(sigkill_after_checkpoints(with_sets({config, "--ckpt", ckpt, "--resume"}, sets), ckpt,
+                                      dir / "run", 3),
             3);
   const nlohmann::json resumed = inspect(ckpt);
   EXPECT_EQ(resumed.value("model_digest", ""), expected.value("model_digest", ""));
