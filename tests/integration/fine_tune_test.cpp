@@ -87,6 +87,10 @@ TEST(Freeze, FrozenParametersGetNoOptimizerStateAndThePlanCountsOnlyTheTrainable
   Result typo = run_gpurun({config, "--ckpt", dir / "typo", "--set", "model.freeze=[blok0.*]"});
   EXPECT_EQ(typo.exit_code, 2);
   EXPECT_TRUE(contains(typo.err, "\"blok0.*\" matches no parameter")) << typo.err;
+  Result everything =
+      run_gpurun({config, "--ckpt", dir / "everything", "--set", "model.freeze=[\"*\"]"});
+  EXPECT_EQ(everything.exit_code, 2);
+  EXPECT_TRUE(contains(everything.err, "leaves no parameter to train")) << everything.err;
 }
 
 /// Python: an mlp [64] with gpurun's parameter names, saved with torch.save(state_dict()); and

@@ -51,6 +51,11 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   // Adapters before the weights move: lora_A and lora_B are parameters like the others.
   if (config.model.lora.rank > 0) s.lora_layers = add_lora_adapters(*s.model, config.model.lora);
   if (!config.model.freeze.empty()) freeze_parameters(*s.model, config.model.freeze);
+  if (count_parameters(*s.model).trainable == 0)
+    throw ConfigError("model.freeze" +
+                      std::string(config.model.lora.rank > 0 ? " with model.lora" : "") +
+                      " leaves no parameter to train: every parameter of the model matches a "
+                      "pattern");
   s.precision = resolve_precision(config.train.precision, s.device);
   s.model->to(s.device);
   // The weights are copied again under the meter, so that they count as device memory, and a
