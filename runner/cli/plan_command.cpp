@@ -7,6 +7,7 @@
 #include "gpurun/model.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
+#include "model/fine_tune.h"
 #include "report/reporter.h"
 #include "train/run_setup.h"
 #include "util/units.h"
@@ -137,6 +138,9 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   result["device"] = session.meter->device_name();
   result["breakdown"] = estimate.to_json();
   result["precisions"] = precisions;
+  const ParameterCounts counts = count_parameters(*session.model);
+  result["parameters"] = {{"trainable", counts.trainable}, {"total", counts.total}};
+  result["lora_layers"] = session.lora_layers;
   result["precision_reason"] = session.precision.reason;
   result["eta_seconds"] = eta;
   result["total_steps"] = steps;
@@ -182,6 +186,13 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
       << (estimate.weight_casts
               ? ", autocast's weight copies " + format_bytes(estimate.weight_casts)
               : std::string())
+      << "\n";
+  out << "parameters      " << counts.trainable << " trainable of " << counts.total
+      << (session.lora_layers.empty()
+              ? std::string()
+              : "; LoRA rank " + std::to_string(config.model.lora.rank) + " on " +
+                    std::to_string(session.lora_layers.size()) + " Linear layers (" +
+                    session.lora_layers.front() + ", ...)")
       << "\n";
   out << "precision       " << precision_name(session.precision.precision) << " ("
       << session.precision.reason << "); a training step of this plan under each:\n";

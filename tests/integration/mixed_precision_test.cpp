@@ -95,6 +95,16 @@ TEST(Precision, ChangingAFixedPrecisionOnResumeIsRefusedButAutoResumesUnderAny) 
   EXPECT_EQ(refused.exit_code, 3) << refused.err;
   EXPECT_TRUE(contains(refused.err, "train.precision: bf16 -> fp32")) << refused.err;
 
+  // plan probes activation checkpointing too: its recomputation runs under the forward's autocast.
+  Result plan = run_gpurun({"plan", config, "--json", "--set", "train.precision=bf16"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const auto precisions = nlohmann::json::parse(plan.out)["precisions"];
+  ASSERT_EQ(precisions.size(), 3u);
+  EXPECT_EQ(precisions[1]["precision"], "bf16");
+  EXPECT_EQ(precisions[1]["this_run"], true);
+  EXPECT_LT(precisions[1]["estimated_peak_bytes"].get<int64_t>(),
+            precisions[0]["estimated_peak_bytes"].get<int64_t>() + (1 << 20));
+
   Result automatic = run_gpurun({config, "--ckpt", dir / "auto", "--set", "train.precision=auto"});
   ASSERT_EQ(automatic.exit_code, 0) << automatic.err;
   const std::string chosen = inspect(dir / "auto")["extra"]["precision"];
@@ -104,6 +114,10 @@ TEST(Precision, ChangingAFixedPrecisionOnResumeIsRefusedButAutoResumesUnderAny) 
                                "train.precision=fp32", "--set", "train.epochs=2"});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(inspect(dir / "auto")["extra"]["precision"], "fp32");
+  if (chosen != "fp32")
+    EXPECT_TRUE(contains(resumed.err, "the checkpoint was trained in " + chosen +
+                                          " (train.precision auto); training continues in fp32"))
+        << resumed.err;
 }
 
 }  // namespace

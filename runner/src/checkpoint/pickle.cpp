@@ -473,6 +473,9 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
       value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                                 std::nullopt, std::nullopt, std::nullopt, archive);
     }
+  } catch (const c10::Error& e) {  // LibTorch's own: without its C++ backtrace
+    throw DamagedCheckpointError(what +
+                                 " is not a pickled tensor dict: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
     throw DamagedCheckpointError(what + " is not a pickled tensor dict: " + e.what());
   }

@@ -144,13 +144,22 @@ std::string unknown_section_message(const std::string& name) {
 }
 
 std::string unknown_key_message(const std::string& name) {
+  if (is_group(name)) {
+    std::vector<std::string> members;
+    for (const Key& k : schema())
+      if (std::string(k.name).rfind(name + ".", 0) == 0) members.push_back(last_of(k.name));
+    return name + " is a group of keys (" + join(members, ", ") + "), not a value: write " +
+           last_of(name) + ": {" + members.front() + ": ...} under " + section_of(name) +
+           ":, or --set " + name + "." + members.front() + "=...";
+  }
   std::string out = "unknown key " + name;
   const std::string guess = nearest_key(name);
   if (!guess.empty()) return out + "; did you mean " + guess + "?";
   const std::string section = section_of(name);
   std::vector<std::string> keys;
   for (const Key& k : schema()) {
-    if (section_of(k.name) == section) keys.push_back(last_of(k.name));
+    if (section_of(k.name) == section)
+      keys.push_back(std::string(k.name).substr(section.size() + 1));
   }
   if (keys.empty() || name.find('.') == std::string::npos) {
     return out + " (sections: " + join(sections(), ", ") + ")";
@@ -607,6 +616,15 @@ void read_overrides(const std::vector<std::string>& overrides, Assembly& a) {
     RunConfig probe;  // only to learn the key's type
     if (std::holds_alternative<std::string*>(k->field(probe)) && !quoted) {
       a.set(*k, YAML::Node(value), where);
+      continue;
+    }
+    // A list of patterns given as one bare pattern: --set model.freeze=block0.*
+    const size_t start = value.find_first_not_of(' ');
+    if (std::holds_alternative<std::vector<std::string>*>(k->field(probe)) && !quoted &&
+        start != std::string::npos && value[start] != '[') {
+      YAML::Node list(YAML::NodeType::Sequence);
+      list.push_back(value.substr(start));
+      a.set(*k, list, where);
       continue;
     }
     try {

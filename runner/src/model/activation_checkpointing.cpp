@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -50,6 +51,33 @@ class BufferSnapshot {
   std::vector<at::Tensor> copies_;
 };
 
+/// For its lifetime, autocast on `type` as it was in the forward pass (`enabled`, `dtype`),
+/// as torch.utils.checkpoint recomputes under the forward's autocast state: the backward pass
+/// runs without autocast, and a segment recomputed in float32 would meet its input in bf16.
+class ForwardAutocast {
+ public:
+  ForwardAutocast(c10::DeviceType type, bool enabled, c10::ScalarType dtype)
+      : type_(type),
+        was_enabled_(at::autocast::is_autocast_enabled(type)),
+        was_dtype_(at::autocast::get_autocast_dtype(type)) {
+    at::autocast::set_autocast_enabled(type_, enabled);
+    at::autocast::set_autocast_dtype(type_, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~ForwardAutocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+    at::autocast::set_autocast_dtype(type_, was_dtype_);
+  }
+  ForwardAutocast(const ForwardAutocast&) = delete;
+  ForwardAutocast& operator=(const ForwardAutocast&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool was_enabled_;
+  c10::ScalarType was_dtype_;
+};
+
 /// The autograd node of one checkpointed segment. Its tensor inputs are x (edge 0) and the
 /// segment's parameters (edges 1..P), so the parameters get their gradients through this node.
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -62,6 +90,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     ctx->saved_data["segment"] =
         c10::IValue::make_capsule(c10::make_intrusive<SegmentHolder>(segment, prologue));
     ctx->saved_data["cpu_rng"] = rng_state(default_generator(at::kCPU));
+    const c10::DeviceType type = x.device().type();
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(type);
+    ctx->saved_data["autocast_dtype"] =
+        static_cast<int64_t>(at::autocast::get_autocast_dtype(type));
     if (x.is_cuda()) ctx->saved_data["device_rng"] = rng_state(default_generator(x.device()));
     variable_list to_save{x};
     to_save.insert(to_save.end(), parameters.begin(), parameters.end());
@@ -108,6 +140,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       BufferSnapshot buffers(*segment);
 
       c10::AutoGradMode grad_mode(true);
+      ForwardAutocast autocast(
+          x.device().type(), ctx->saved_data["autocast"].toBool(),
+          static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       if (holder->prologue) holder->prologue();
       at::Tensor output = segment->forward(input);
       if (wrt.empty() || !output.requires_grad()) return result;

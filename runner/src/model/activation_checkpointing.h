@@ -24,6 +24,8 @@ class SegmentedModel;
 ///    the generators are put back to where they were before the recomputation, so dropout
 ///    masks are the same and the overall random stream is that of a run without
 ///    checkpointing (PyTorch's torch.utils.checkpoint with preserve_rng_state=True).
+///  - Autocast: the recomputation runs under the autocast state (enabled, dtype) of the
+///    forward pass on x's device type, as torch.utils.checkpoint does.
 ///  - Buffers: every buffer of the segment is saved before the recomputation and written
 ///    back after it, so BatchNorm's running statistics and num_batches_tracked are updated
 ///    once per forward, not twice.

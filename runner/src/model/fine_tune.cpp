@@ -147,11 +147,14 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
       adapted.push_back(item.key());
     }
   }
-  if (adapted.empty())
-    throw ConfigError(
-        "model.lora.targets matches no Linear layer of the model; its Linear layers "
-        "are " +
-        some_of(linears) + " (`*` also matches dots)");
+  for (const std::string& pattern : lora.targets) {
+    bool matched = false;
+    for (const std::string& name : linears) matched = matched || name_matches(pattern, name);
+    if (!matched)
+      throw ConfigError("model.lora.targets: the pattern \"" + pattern +
+                        "\" matches no Linear layer of the model; its Linear layers are " +
+                        some_of(linears, 48) + " (`*` also matches dots)");
+  }
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     const bool adapter = name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 ||

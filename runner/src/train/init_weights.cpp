@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -88,13 +89,27 @@ InitialWeights load_initial_weights(torch::nn::Module& model, const std::string&
     if (by_name.count(name)) result.unused.push_back(name + " " + shape_of(tensor));
   result.not_loaded = mismatched;
   result.not_loaded.insert(result.not_loaded.end(), missing.begin(), missing.end());
+  const bool lora_file =
+      std::any_of(result.unused.begin(), result.unused.end(), [](const std::string& k) {
+        return k.find(".lora_A ") != std::string::npos || k.find(".lora_B ") != std::string::npos;
+      });
+  const std::string hint =
+      lora_file ? "\n(the file holds LoRA adapters: `gpurun export CKPT --to FILE --merge-lora` "
+                  "writes the base model's weights with them merged)"
+                : "";
+  if (copies.empty() && !target.empty())
+    throw ConfigError("model.init_from: no tensor of " + path +
+                      " matches the model by name and shape (the model's are named like " +
+                      target.front().first + ", the file's like " +
+                      (file.empty() ? std::string("nothing: it is empty") : file.front().first) +
+                      ")" + hint);
   if (strict && (!result.not_loaded.empty() || !result.unused.empty())) {
     std::string message = "model.init_from: " + path + " does not fit the model";
     if (!mismatched.empty()) message += "; shapes differ:" + listed(mismatched);
     if (!missing.empty()) message += "\nmissing from the file:" + listed(missing);
     if (!result.unused.empty())
       message += "\nin the file but not in the model:" + listed(result.unused);
-    throw ConfigError(message + "\n(model.init_strict: false loads the tensors that match)");
+    throw ConfigError(message + "\n(model.init_strict: false loads the tensors that match)" + hint);
   }
   c10::NoGradGuard no_grad;
   for (auto& [to, from] : copies) to.copy_(from);

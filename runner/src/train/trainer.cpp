@@ -300,8 +300,8 @@ class Trainer {
       for (const std::string& k : init.not_loaded) rest += "\n  not loaded (kept its init): " + k;
       for (const std::string& k : init.unused) rest += "\n  in the file, not in the model: " + k;
       spdlog::warn(
-          "model.init_strict false: {} tensors of the model and {} of the file do not "
-          "match:{}",
+          "model.init_strict false: {} of the model's tensors were not loaded and {} of "
+          "the file's were not used:{}",
           init.not_loaded.size(), init.unused.size(), rest);
     }
   }
@@ -417,6 +417,18 @@ class Trainer {
     epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
     epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
     if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
+    if (!config_.model.init_from.empty() && rank_ == 0)
+      spdlog::info("model.init_from {} is not read: every weight comes from the checkpoint",
+                   config_.model.init_from);
+    const std::string trained_in = meta.extra.value("precision", std::string("fp32"));
+    if (trained_in != precision_name(session_.precision.precision) && rank_ == 0)
+      spdlog::info(
+          "the checkpoint was trained in {} (train.precision {}); training continues in "
+          "{} ({})",
+          trained_in,
+          meta.config.value("train", nlohmann::json::object())
+              .value("precision", std::string("fp32")),
+          precision_name(session_.precision.precision), session_.precision.reason);
     restore_scaler(meta, loaded->info.path);
     checkpointer_.resumed_from(loaded->info.path, global_step_);
     interval_first_step_ = global_step_;

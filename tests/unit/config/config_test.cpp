@@ -552,6 +552,15 @@ TEST(Config, FineTuningKeyErrorsNameTheKeyAndSuggest) {
       << message("model: {freeze: embed}\n");
   EXPECT_NE(message("", {"model.lora.targets=[]"}).find("non-empty list of strings"),
             std::string::npos);
+  // A group given a value is named as a group, with its keys.
+  EXPECT_NE(message("model: {lora: 8}\n")
+                .find("model.lora is a group of keys (rank, alpha, dropout, targets), not a value"),
+            std::string::npos)
+      << message("model: {lora: 8}\n");
+  EXPECT_NE(message("", {"model.lora=8"}).find("--set model.lora.rank=..."), std::string::npos);
+  // One bare pattern is a list of one.
+  EXPECT_EQ(parse_config("", "run.yaml", {"model.freeze=block0.*"}).model.freeze,
+            (std::vector<std::string>{"block0.*"}));
 }
 
 }  // namespace

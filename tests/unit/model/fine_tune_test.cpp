@@ -148,9 +148,11 @@ TEST(FineTune, LoraGradientsAreTheSameWithActivationCheckpointingDropoutIncluded
 TEST(FineTune, LoraNamesTheLinearLayersWhenNoTargetMatches) {
   auto model = gpt();
   try {
-    add_lora_adapters(*model, lora(4, {"*.attn.*"}));
-    FAIL() << "a target that matches nothing must be an error";
+    add_lora_adapters(*model, lora(4, {"*.attention.*", "*.attn.*"}));
+    FAIL() << "a target that matches nothing must be an error, even beside one that does";
   } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"*.attn.*\" matches no Linear layer"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("block0.0.attention.qkv"), std::string::npos) << e.what();
   }
 }
@@ -183,6 +185,28 @@ TEST(InitWeights, StrictNamesEveryMismatchAndLeavesTheModelAsItWas) {
   EXPECT_EQ(loose.loaded, static_cast<int64_t>(state_dict(*model).size()) - 2);
   EXPECT_NE(model_digest(*model), digest);
   EXPECT_THROW(load_initial_weights(*model, dir / "missing.pt", true), ConfigError);
+  // Not a torch.save file: one line, no C++ backtrace.
+  fs::replace_file(dir / "text.pt", "hello\n");
+  try {
+    load_initial_weights(*model, dir / "text.pt", false);
+    FAIL() << "a text file is not a state_dict";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a state_dict"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << e.what();
+  }
+  // Nothing that matches is an error even when not strict (a DDP save's "module." names).
+  NamedTensors prefixed;
+  for (const auto& [name, tensor] : state_dict(*source))
+    prefixed.emplace_back("module." + name, tensor);
+  fs::replace_file(dir / "ddp.pt", pickle_tensors(prefixed));
+  try {
+    load_initial_weights(*model, dir / "ddp.pt", false);
+    FAIL() << "a file of which nothing matches must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the file's like module.embed.0.tokens.weight"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/randn.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdio>
@@ -16,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
+#include "gpurun/model.h"
+#include "model/activation_checkpointing.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
 
@@ -62,6 +68,31 @@ TEST(Autocast, AutoResolvesToWhatTheDeviceComputesAndWordsAreChecked) {
   EXPECT_EQ(resolve_precision("fp16", c10::Device(c10::kCPU)).precision, Precision::kFp16);
   EXPECT_EQ(std::string(precision_name(Precision::kBf16)), "bf16");
   EXPECT_THROW(resolve_precision("fp8", c10::Device(c10::kCPU)), std::exception);
+}
+
+TEST(Autocast, CheckpointedSegmentsRecomputeUnderTheForwardsAutocast) {
+  // Two Linear segments: the second's input is bf16 (the first's output under autocast), which
+  // a recomputation outside autocast would multiply with its float32 weight and fail.
+  std::vector<std::vector<at::Tensor>> grads;
+  for (const bool checkpointing : {false, true}) {
+    torch::manual_seed(1);
+    SegmentedModel model;
+    model.add_segment("a", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU()));
+    model.add_segment("b", torch::nn::Sequential(torch::nn::Linear(16, 4)));
+    checkpoint_every_segment(model, checkpointing);
+    const at::Tensor x = at::randn({5, 8});
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(Precision::kBf16, c10::Device(c10::kCPU));
+      loss = model.forward(x).to(at::kFloat).square().mean();
+    }
+    loss.backward();
+    std::vector<at::Tensor> g;
+    for (const auto& p : model.parameters()) g.push_back(p.grad().clone());
+    grads.push_back(g);
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << "parameter " << i;
 }
 
 /// The gradients of each step, as the unscaled values; inf and NaN mark overflowing steps.
