@@ -3,8 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/tensor.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
