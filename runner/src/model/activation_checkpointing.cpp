@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "gpurun/model.h"
+#include "model/autocast_scope.h"
 #include "util/rng.h"
 
 namespace gpurun {
@@ -49,33 +50,6 @@ class BufferSnapshot {
  private:
   std::vector<at::Tensor> buffers_;
   std::vector<at::Tensor> copies_;
-};
-
-/// For its lifetime, autocast on `type` as it was in the forward pass (`enabled`, `dtype`),
-/// as torch.utils.checkpoint recomputes under the forward's autocast state: the backward pass
-/// runs without autocast, and a segment recomputed in float32 would meet its input in bf16.
-class ForwardAutocast {
- public:
-  ForwardAutocast(c10::DeviceType type, bool enabled, c10::ScalarType dtype)
-      : type_(type),
-        was_enabled_(at::autocast::is_autocast_enabled(type)),
-        was_dtype_(at::autocast::get_autocast_dtype(type)) {
-    at::autocast::set_autocast_enabled(type_, enabled);
-    at::autocast::set_autocast_dtype(type_, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~ForwardAutocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, was_enabled_);
-    at::autocast::set_autocast_dtype(type_, was_dtype_);
-  }
-  ForwardAutocast(const ForwardAutocast&) = delete;
-  ForwardAutocast& operator=(const ForwardAutocast&) = delete;
-
- private:
-  c10::DeviceType type_;
-  bool was_enabled_;
-  c10::ScalarType was_dtype_;
 };
 
 /// The autograd node of one checkpointed segment. Its tensor inputs are x (edge 0) and the
@@ -140,7 +114,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       BufferSnapshot buffers(*segment);
 
       c10::AutoGradMode grad_mode(true);
-      ForwardAutocast autocast(
+      // The backward pass runs without autocast: recompute under the forward's state.
+      AutocastScope autocast(
           x.device().type(), ctx->saved_data["autocast"].toBool(),
           static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       if (holder->prologue) holder->prologue();

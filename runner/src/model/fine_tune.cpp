@@ -2,7 +2,6 @@
 
 #include <fnmatch.h>
 
-#include <ATen/autocast_mode.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/full.h>
@@ -16,6 +15,7 @@
 
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
+#include "model/autocast_scope.h"
 
 namespace gpurun {
 namespace {
@@ -34,23 +34,6 @@ bool any_matches(const std::vector<std::string>& patterns, const std::string& na
   return false;
 }
 
-/// For its lifetime, autocast is off on `type`: the adapted weight is summed in float32, the
-/// dtype of the weight it replaces, whatever the forward pass runs under.
-class NoAutocast {
- public:
-  explicit NoAutocast(c10::DeviceType type)
-      : type_(type), was_(at::autocast::is_autocast_enabled(type)) {
-    at::autocast::set_autocast_enabled(type_, false);
-  }
-  ~NoAutocast() { at::autocast::set_autocast_enabled(type_, was_); }
-  NoAutocast(const NoAutocast&) = delete;
-  NoAutocast& operator=(const NoAutocast&) = delete;
-
- private:
-  c10::DeviceType type_;
-  bool was_;
-};
-
 /// One adapted Linear layer.
 struct Adapter {
   torch::nn::LinearImpl* linear;  ///< owned by the model, which owns the prologue holding us
@@ -60,7 +43,9 @@ struct Adapter {
 
   /// linear.weight = W + B A scale (columns dropped in training with dropout > 0).
   void apply() {
-    NoAutocast no_autocast(base.device().type());
+    // Summed in float32, the dtype of the weight it replaces, whatever the forward runs under.
+    const c10::DeviceType type = base.device().type();
+    AutocastScope no_autocast(type, false, at::autocast::get_autocast_dtype(type));
     at::Tensor delta_a = a;
     if (dropout > 0 && linear->is_training()) {  // as nn::Dropout: training mode decides
       const at::Tensor keep =

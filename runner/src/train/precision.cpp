@@ -1,6 +1,5 @@
 #include "train/precision.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
@@ -83,22 +82,8 @@ ResolvedPrecision resolve_precision(const std::string& setting, c10::Device devi
   return {Precision::kFp32, "auto: the CPU has no bf16 units, so a narrower dtype is no faster"};
 }
 
-AutocastGuard::AutocastGuard(Precision precision, c10::Device device) : type_(device.type()) {
-  if (precision == Precision::kFp32) return;
-  active_ = true;
-  was_enabled_ = at::autocast::is_autocast_enabled(type_);
-  was_dtype_ = at::autocast::get_autocast_dtype(type_);
-  at::autocast::set_autocast_enabled(type_, true);
-  at::autocast::set_autocast_dtype(type_, autocast_dtype(precision));
-  at::autocast::increment_nesting();
-}
-
-AutocastGuard::~AutocastGuard() {
-  if (!active_) return;
-  // As torch.autocast.__exit__: the cache of casted weights lives while any guard does.
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(type_, was_enabled_);
-  at::autocast::set_autocast_dtype(type_, was_dtype_);
+AutocastGuard::AutocastGuard(Precision precision, c10::Device device) {
+  if (precision != Precision::kFp32) scope_.emplace(device.type(), true, autocast_dtype(precision));
 }
 
 GradScaler::GradScaler(c10::Device device, Options options) : options_(options) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json_fwd.hpp>
+
+#include "model/autocast_scope.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -50,15 +53,11 @@ ResolvedPrecision resolve_precision(const std::string& setting, c10::Device devi
 class AutocastGuard {
  public:
   AutocastGuard(Precision precision, c10::Device device);
-  ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  bool active_ = false;
-  c10::DeviceType type_;
-  bool was_enabled_ = false;
-  c10::ScalarType was_dtype_ = c10::kFloat;
+  std::optional<AutocastScope> scope_;  ///< empty for fp32
 };
 
 /// Dynamic loss scaling for fp16 (Micikevicius et al. 2018, "Mixed Precision Training";
