@@ -425,6 +425,7 @@ void Lease::heartbeat() {
   std::lock_guard<std::mutex> lock(mu_);
   me_.heartbeat = next.heartbeat;
   last_beat_ = SteadyClock::now();
+  last_error_.clear();
 }
 
 void Lease::heartbeat_loop() {
@@ -447,6 +448,10 @@ void Lease::heartbeat_loop() {
     try {
       heartbeat();
     } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        last_error_ = e.what();
+      }
       if (step_down(std::string("last error: ") + e.what())) return;
       spdlog::warn(
           "lease heartbeat of {} failed: {}; retrying in {:g} s (the run stops when no "
@@ -497,8 +502,15 @@ bool Lease::expired() const {
     if (released_) return false;
   }
   // A heartbeat that fails says so (heartbeat_loop); one stuck in storage that does not answer
-  // says nothing, so the time since the last one written decides, by the same rule.
-  return step_down("the storage does not answer");
+  // says nothing, so the time since the last one written decides, by the same rule. Either
+  // side may see the expiry first: both name the last error a heartbeat met, if one did.
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error = last_error_;
+  }
+  return step_down(error.empty() ? std::string("the storage does not answer")
+                                 : "last error: " + error);
 }
 
 bool Lease::step_down(const std::string& cause) const {

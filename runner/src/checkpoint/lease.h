@@ -192,6 +192,7 @@ class Lease {
   bool released_ = false;
   bool stop_ = false;
   mutable std::string trouble_;
+  std::string last_error_;  ///< of the last heartbeat that failed; under mu_
   mutable std::atomic<bool> lost_{false};
   mutable std::atomic<bool> expired_{false};
   bool thread_finished_ = false;  // heartbeat_loop() returned (guarded by mu_)
