@@ -10,6 +10,7 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -32,6 +33,24 @@ bool any_matches(const std::vector<std::string>& patterns, const std::string& na
   for (const std::string& p : patterns)
     if (name_matches(p, name)) return true;
   return false;
+}
+
+/// The first of `patterns` that matches none of `names`, or nullptr.
+const std::string* unmatched_pattern(const std::vector<std::string>& patterns,
+                                     const std::vector<std::string>& names) {
+  for (const std::string& pattern : patterns)
+    if (std::none_of(names.begin(), names.end(),
+                     [&](const std::string& n) { return name_matches(pattern, n); }))
+      return &pattern;
+  return nullptr;
+}
+
+/// The layer of `name` when it ends in `suffix` ("a.b.lora_A", ".lora_A" -> "a.b"), else "".
+std::string layer_of(const std::string& name, const std::string& suffix) {
+  return name.size() > suffix.size() &&
+                 name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+             ? name.substr(0, name.size() - suffix.size())
+             : std::string();
 }
 
 /// One adapted Linear layer.
@@ -74,6 +93,10 @@ ParameterCounts count_parameters(const torch::nn::Module& model) {
   return c;
 }
 
+bool is_lora_adapter(const std::string& name) {
+  return !layer_of(name, ".lora_A").empty() || !layer_of(name, ".lora_B").empty();
+}
+
 bool name_matches(const std::string& pattern, const std::string& name) {
   return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
@@ -82,14 +105,10 @@ int64_t freeze_parameters(torch::nn::Module& model, const std::vector<std::strin
   const auto named = model.named_parameters(/*recurse=*/true);
   std::vector<std::string> names;
   for (const auto& item : named) names.push_back(item.key());
-  for (const std::string& pattern : patterns) {
-    bool matched = false;
-    for (const std::string& name : names) matched = matched || name_matches(pattern, name);
-    if (!matched)
-      throw ConfigError("model.freeze: the pattern \"" + pattern +
-                        "\" matches no parameter of the model; its parameters are named " +
-                        some_of(names) + " (`*` also matches dots)");
-  }
+  if (const std::string* pattern = unmatched_pattern(patterns, names))
+    throw ConfigError("model.freeze: the pattern \"" + *pattern +
+                      "\" matches no parameter of the model; its parameters are named " +
+                      some_of(names) + " (`*` also matches dots)");
   int64_t frozen = 0;
   for (const auto& item : named) {
     if (!any_matches(patterns, item.key())) continue;
@@ -132,20 +151,12 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
       adapted.push_back(item.key());
     }
   }
-  for (const std::string& pattern : lora.targets) {
-    bool matched = false;
-    for (const std::string& name : linears) matched = matched || name_matches(pattern, name);
-    if (!matched)
-      throw ConfigError("model.lora.targets: the pattern \"" + pattern +
-                        "\" matches no Linear layer of the model; its Linear layers are " +
-                        some_of(linears, 48) + " (`*` also matches dots)");
-  }
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    const bool adapter = name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 ||
-                                             name.compare(name.size() - 7, 7, ".lora_B") == 0);
-    item.value().requires_grad_(adapter);
-  }
+  if (const std::string* pattern = unmatched_pattern(lora.targets, linears))
+    throw ConfigError("model.lora.targets: the pattern \"" + *pattern +
+                      "\" matches no Linear layer of the model; its Linear layers are " +
+                      some_of(linears, 48) + " (`*` also matches dots)");
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    item.value().requires_grad_(is_lora_adapter(item.key()));
   for (size_t i = 0; i < per_segment.size(); ++i) {
     if (per_segment[i].empty()) continue;
     model.set_segment_prologue(i, [adapters = per_segment[i]] {
@@ -161,12 +172,6 @@ std::vector<std::pair<std::string, at::Tensor>> merge_lora_adapters(
   const auto find = [&](const std::string& name) {
     const auto it = by_name.find(name);
     return it == by_name.end() ? at::Tensor() : it->second;
-  };
-  const auto layer_of = [](const std::string& name, const char* suffix) {
-    const std::string s = suffix;
-    return name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0
-               ? name.substr(0, name.size() - s.size())
-               : std::string();
   };
   c10::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> merged;

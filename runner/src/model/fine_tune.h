@@ -33,6 +33,10 @@ ParameterCounts count_parameters(const torch::nn::Module& model);
 /// `*` and `?` also match dots, so "block0.*" covers every parameter under block0.
 bool name_matches(const std::string& pattern, const std::string& name);
 
+/// Whether `name` is one of the parameters add_lora_adapters() registers: "<layer>.lora_A" or
+/// "<layer>.lora_B".
+bool is_lora_adapter(const std::string& name);
+
 /// model.freeze: sets requires_grad false on every parameter whose name matches a pattern.
 /// Returns how many parameters (tensors) it froze. Throws ConfigError naming a pattern that
 /// matches no parameter, with a few of the model's names.

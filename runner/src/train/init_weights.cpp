@@ -3,7 +3,6 @@
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
-#include <algorithm>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +10,7 @@
 #include "checkpoint/pickle.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
+#include "model/fine_tune.h"
 #include "util/fs.h"
 #include "util/hash.h"
 
@@ -30,15 +30,6 @@ std::string shape_of(const at::Tensor& t) {
   std::string out = "[";
   for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
   return out + "]";
-}
-
-bool is_adapter(const std::string& name) {
-  for (const char* suffix : {".lora_A", ".lora_B"}) {
-    const std::string s = suffix;
-    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
-      return true;
-  }
-  return false;
 }
 
 std::string listed(const std::vector<std::string>& items) {
@@ -76,7 +67,7 @@ InitialWeights load_initial_weights(torch::nn::Module& model, const std::string&
   for (const auto& [name, tensor] : target) {
     const auto it = by_name.find(name);
     if (it == by_name.end()) {
-      if (!is_adapter(name)) missing.push_back(name);
+      if (!is_lora_adapter(name)) missing.push_back(name);
     } else if (it->second.sizes() != tensor.sizes()) {
       mismatched.push_back(name + ": the file has " + shape_of(it->second) + ", the model " +
                            shape_of(tensor));
@@ -85,14 +76,14 @@ InitialWeights load_initial_weights(torch::nn::Module& model, const std::string&
     }
     if (it != by_name.end()) by_name.erase(it);
   }
-  for (const auto& [name, tensor] : file)
-    if (by_name.count(name)) result.unused.push_back(name + " " + shape_of(tensor));
+  bool lora_file = false;
+  for (const auto& [name, tensor] : file) {
+    if (!by_name.count(name)) continue;
+    result.unused.push_back(name + " " + shape_of(tensor));
+    lora_file = lora_file || is_lora_adapter(name);
+  }
   result.not_loaded = mismatched;
   result.not_loaded.insert(result.not_loaded.end(), missing.begin(), missing.end());
-  const bool lora_file =
-      std::any_of(result.unused.begin(), result.unused.end(), [](const std::string& k) {
-        return k.find(".lora_A ") != std::string::npos || k.find(".lora_B ") != std::string::npos;
-      });
   const std::string hint =
       lora_file ? "\n(the file holds LoRA adapters: `gpurun export CKPT --to FILE --merge-lora` "
                   "writes the base model's weights with them merged)"
