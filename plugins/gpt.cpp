@@ -132,6 +132,45 @@ class BlockImpl : public nn::Module {
 };
 TORCH_MODULE(Block);
 
+/// What autograd keeps per sample of `time` tokens, segment by segment, following the
+/// forward passes above op by op (the tensors each op's backward formula takes, PyTorch's
+/// derivatives.yaml). The form is Korthikanti et al. 2022 ("Reducing Activation Recomputation
+/// in Large Transformer Models", section 4.1): per block and token a multiple of the width,
+/// plus a multiple of heads x time for the attention scores, which this model materialises
+/// (no fused attention). c: the dtype of products (2 under autocast, else 4); the residual
+/// stream and LayerNorm run in fp32.
+std::vector<SegmentActivations> gpt_activations(int64_t time, int64_t width, int64_t heads,
+                                                int64_t layers, double p, int64_t vocabulary,
+                                                const ActivationDtypes& d) {
+  const int64_t c = d.compute, w = width, scores = heads * time;
+  // Softmax runs in fp32 under CUDA's autocast, in the dtype of its input under the CPU's.
+  const int64_t s = d.cuda ? 4 : c;
+  const int64_t norm = 4 * w + 8;  // LayerNorm: its fp32 input, mean and 1/std
+  // Attention: norm1, the qkv product's input (c) and output (3w, which q k^T and attention v
+  // take as views), softmax's output, dropout's mask, the attention weights the product with
+  // v takes (a cast to c, or dropout's output), the projection's input; its residual dropout.
+  const int64_t attention_matrix = s + d.dropout_mask(p, s) + (s != c || p > 0 ? c : 0);
+  const int64_t attention =
+      norm + c * w + 3 * c * w + scores * attention_matrix + c * w + d.dropout_mask(p, c) * w;
+  // MLP: norm2, the expansion's input (c), GELU's input (4w), the contraction's input (4w),
+  // its dropout's mask.
+  const int64_t mlp = norm + c * w + 4 * c * w + 4 * c * w + d.dropout_mask(p, c) * w;
+  // FLOPs per token: the four products of width (qkv 3w^2, projection w^2, MLP 8w^2) and the
+  // two of the scores with every position (q k^T, attention v).
+  const double t = static_cast<double>(time), dw = static_cast<double>(w);
+  const double block_flops = t * (2.0 * 12.0 * dw * dw + 2.0 * 2.0 * t * dw);
+  std::vector<SegmentActivations> out;
+  // Embedding: the ids (int64) and the dropout's mask of the fp32 sum.
+  out.push_back({time * 8, time * (8 + d.dropout_mask(p, 4) * w), time * 4 * w, 0.0});
+  for (int64_t i = 0; i < layers; ++i)
+    out.push_back({time * 4 * w, time * (attention + mlp),
+                   std::max(scores * time * 4, time * 4 * w), block_flops});
+  // Head: the final LayerNorm, the product's input, and log-softmax's fp32 output in the loss.
+  out.push_back({time * 4 * w, time * (norm + c * w + c * vocabulary + 4 * vocabulary),
+                 time * 4 * vocabulary, t * 2.0 * dw * static_cast<double>(vocabulary)});
+  return out;
+}
+
 std::shared_ptr<SegmentedModel> make_gpt(const ModelConfig& c, const std::vector<int64_t>& shape,
                                          int64_t vocabulary) {
   if (shape.size() != 1)
@@ -154,6 +193,11 @@ std::shared_ptr<SegmentedModel> make_gpt(const ModelConfig& c, const std::vector
                        nn::Sequential(Block(c.width, c.heads, c.dropout, projection_std)));
   model->add_segment("head", nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({c.width})),
                                             linear(c.width, vocabulary, kInitStd, /*bias=*/false)));
+  model->set_activation_estimate([time = shape[0], width = c.width, heads = c.heads,
+                                  layers = c.layers, p = c.dropout,
+                                  vocabulary](const ActivationDtypes& d) {
+    return gpt_activations(time, width, heads, layers, p, vocabulary, d);
+  });
   return model;
 }
 

@@ -60,6 +60,50 @@ class BasicBlockImpl : public nn::Module {
 };
 TORCH_MODULE(BasicBlock);
 
+/// What autograd keeps per sample, segment by segment, following the forward passes above
+/// (each op's backward formula in PyTorch's derivatives.yaml): a convolution keeps its input (a
+/// ReLU's output, kept once), BatchNorm its input, ReLU its output. c: the dtype of the
+/// convolutions' outputs (2 under autocast, else 4), in which BatchNorm and ReLU then run.
+std::vector<SegmentActivations> resnet_activations(const std::vector<int64_t>& shape,
+                                                   const std::vector<int64_t>& channels,
+                                                   const std::vector<int64_t>& blocks,
+                                                   int64_t num_classes, const ActivationDtypes& d) {
+  const int64_t c = d.compute;
+  int64_t h = shape[1], w = shape[2], in = channels[0];
+  std::vector<SegmentActivations> out;
+  // Stem: the image (cast to c for the convolution), BatchNorm's input, ReLU's output.
+  const int64_t image = shape[0] * h * w;
+  const int64_t stem = channels[0] * h * w * c;
+  // FLOPs: 2 x input channels x 9 (3x3) per output element of each convolution.
+  auto conv_flops = [](int64_t in_channels, int64_t outputs, int64_t kernel) {
+    return 2.0 * static_cast<double>(in_channels * kernel * kernel) * static_cast<double>(outputs);
+  };
+  out.push_back({image * 4, image * c + 2 * stem, stem * 4 / c,
+                 conv_flops(shape[0], channels[0] * h * w, 3)});
+  for (size_t s = 0; s < channels.size(); ++s) {
+    for (int64_t b = 0; b < blocks[s]; ++b) {
+      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      const int64_t in_bytes = in * h * w * c;
+      h = (h + stride - 1) / stride;
+      w = (w + stride - 1) / stride;
+      const int64_t map = channels[s] * h * w * c;
+      // bn1's input, relu's output (conv2's input), bn2's input, the last relu's output; the
+      // projection shortcut's BatchNorm input. The block's input is the previous ReLU's.
+      const bool shortcut = stride != 1 || in != channels[s];
+      const int64_t outputs = channels[s] * h * w;
+      out.push_back({in_bytes, (4 + (shortcut ? 1 : 0)) * map, map * 4 / c,
+                     conv_flops(in, outputs, 3) + conv_flops(channels[s], outputs, 3) +
+                         (shortcut ? conv_flops(in, outputs, 1) : 0.0)});
+      in = channels[s];
+    }
+  }
+  // Head: pooling takes the last ReLU's output (kept already); the Linear's input and logits;
+  // log-softmax's fp32 output in the loss.
+  out.push_back({in * h * w * c, in * c + num_classes * (c + 4), in * h * w * 4,
+                 2.0 * static_cast<double>(in * num_classes)});
+  return out;
+}
+
 std::shared_ptr<SegmentedModel> make_resnet(const ModelConfig& c, const std::vector<int64_t>& shape,
                                             int64_t num_classes) {
   if (shape.size() != 3)
@@ -85,6 +129,10 @@ std::shared_ptr<SegmentedModel> make_resnet(const ModelConfig& c, const std::vec
   }
   model->add_segment(
       "head", nn::Sequential(nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(in, num_classes)));
+  model->set_activation_estimate(
+      [shape, channels = c.channels, blocks = c.blocks, num_classes](const ActivationDtypes& d) {
+        return resnet_activations(shape, channels, blocks, num_classes, d);
+      });
   return model;
 }
 

@@ -150,9 +150,15 @@ Command parse_command_line(int argc, const char* const argv[]) {
   cmd.run.device = r["device"].as<std::string>();
   if (first == "plan") {
     if (args.size() != 2)
-      usage_error("usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--json]");
+      usage_error(
+          "usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--cards FILE] [--deadline HOURS] "
+          "[--estimate-only] [--json]");
     cmd.kind = Command::Kind::kPlan;
     cmd.config_path = args[1];
+    if (r.count("cards")) cmd.cards = r["cards"].as<std::string>();
+    cmd.deadline_hours = r["deadline"].as<double>();
+    if (!(cmd.deadline_hours > 0)) usage_error("--deadline must be a positive number of hours");
+    cmd.estimate_only = r.count("estimate-only") > 0;
     return cmd;
   }
   if (first == "run") args.erase(args.begin());
@@ -202,7 +208,12 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
     case Command::Kind::kPlan: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       load_configured_plugin(config, registry);
-      return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, out);
+      PlanOptions options;
+      if (!cmd.cards.empty()) options.cards = load_cards(cmd.cards);
+      options.deadline_hours = cmd.deadline_hours;
+      options.estimate_only = cmd.estimate_only;
+      return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, options,
+                          out);
     }
     case Command::Kind::kRun: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);

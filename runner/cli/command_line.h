@@ -24,6 +24,9 @@ struct Command {
   std::string dir;                     ///< ckpt DIR, status RUN_DIR, export CKPT_DIR
   std::string to;                      ///< export: --to FILE
   bool merge_lora = false;             ///< export: --merge-lora
+  std::string cards;                   ///< plan: --cards FILE ("": the bundled table)
+  double deadline_hours = 72;          ///< plan: --deadline HOURS
+  bool estimate_only = false;          ///< plan: --estimate-only
   bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
   std::string help;                    ///< the --help text
   LaunchRequest launch;                ///< run: restarts, DDP flags, the workers' command line

@@ -6,6 +6,7 @@ namespace {
 constexpr const char* kRun = "Run";
 constexpr const char* kDistributed = "Distributed (DDP; under Slurm these come from SLURM_*)";
 constexpr const char* kExport = "Export";
+constexpr const char* kPlan = "Plan";
 constexpr const char* kOutput = "Output";
 
 using T = OptionSpec::Type;
@@ -29,6 +30,9 @@ const std::vector<OptionSpec>& option_table() {
     {kDistributed, "node-rank", T::kInt, "R", "", "this node's index, 0..nnodes-1", true},
     {kDistributed, "master-addr", T::kString, "HOST", "", "host of rank 0 (the rendezvous store)", true},
     {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
+    {kPlan, "cards", T::kString, "FILE", "", "plan: the cards to forecast on (examples/cards.yaml's form); default: the bundled table"},
+    {kPlan, "deadline", T::kDouble, "HOURS", "72", "plan: when one card needs longer, say how many cards DDP needs"},
+    {kPlan, "estimate-only", T::kFlag, "", "", "plan: build the model without its weights and run nothing: the estimate alone (automatic when the weights do not fit here)"},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
@@ -40,7 +44,7 @@ const std::vector<OptionSpec>& option_table() {
 }
 
 const std::vector<std::string>& option_groups() {
-  static const std::vector<std::string> groups = {kRun, kDistributed, kExport, kOutput};
+  static const std::vector<std::string> groups = {kRun, kDistributed, kPlan, kExport, kOutput};
   return groups;
 }
 

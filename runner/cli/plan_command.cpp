@@ -1,79 +1,182 @@
 #include "cli/plan_command.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <ostream>
 
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include "checkpoint/interval.h"
+#include "forecast/forecast.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "report/reporter.h"
 #include "train/run_setup.h"
+#include "util/clock.h"
 #include "util/units.h"
 
 namespace gpurun {
 namespace {
 
-/// peak(b) = fixed + b x per_sample, in bytes.
-struct Line {
-  double fixed = 0, per_sample = 0;
-  double at(int64_t b) const { return fixed + per_sample * static_cast<double>(b); }
-};
+/// The run's size and save policy for the forecast; the memory lines are the caller's.
+Workload base_workload(const RunConfig& c, const Session& session, const Estimate& estimate,
+                       const std::string& precision) {
+  Workload w;
+  w.global_batch = c.train.batch_size;
+  w.micro_batch = c.train.batch_size / c.train.accumulation_steps;
+  w.eval_batch = c.train.eval_batch_size;
+  w.precision = precision;
+  w.headroom = c.memory.headroom;
+  const double forward = estimate.forward_flops_per_sample * static_cast<double>(w.global_batch);
+  w.flops_per_step = 3.0 * forward;
+  w.flops_per_step_checkpointed = 4.0 * forward;
+  const int64_t n = session.data.train->size();
+  w.steps_per_epoch = (n + w.global_batch - 1) / w.global_batch;
+  w.optimizer_steps = w.steps_per_epoch * c.train.epochs;
+  // every_minutes auto (NaN): Young/Daly's interval for the assumed save cost and the MTBF.
+  w.checkpoint_every_seconds =
+      std::isnan(c.checkpoint.every_minutes)
+          ? young_daly_seconds(kAssumedSaveSeconds, 3600.0 * c.checkpoint.mtbf_hours)
+          : 60.0 * c.checkpoint.every_minutes;
+  w.checkpoint_every_steps = c.checkpoint.every_steps;
+  return w;
+}
 
-/// What a card of `bytes` allows, predicted from the lines: as configured, with accumulation,
-/// with activation checkpointing, or not at all. Checkpoint capture and resume loading
-/// (`state_bytes`, their larger) must fit as measured; evaluation is predicted by `eval` and
-/// its batch halved as the planner does.
-nlohmann::json card_verdict(const std::string& name, int64_t bytes, const RunConfig& c,
-                            int64_t micro, const Line& plain, const Line* checkpointed,
-                            int64_t state_bytes, const Line& eval, int64_t eval_batch) {
-  const double usable = static_cast<double>(bytes) * (1.0 - c.memory.headroom);
-  nlohmann::json j = {{"card", name}, {"capacity_bytes", bytes}};
-  if (static_cast<double>(state_bytes) > usable) {
-    j["fits"] = "does not fit: checkpoint capture or resume loading needs " +
-                format_bytes(state_bytes) + ", which no micro-batch changes";
-    j["predicted_peak_bytes"] = state_bytes;
-    return j;
+/// result["cards"] from `w` on every card of `cards`.
+void add_cards(nlohmann::json& result, const Workload& w, const std::vector<Card>& cards,
+               double deadline_hours) {
+  result["cards"] = nlohmann::json::array();
+  for (const Card& card : cards)
+    result["cards"].push_back(forecast(card, w, deadline_hours).to_json(card));
+  result["deadline_hours"] = deadline_hours;
+  result["assumed_utilisation"] = kAssumedUtilisation;
+}
+
+std::string hours_text(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  char b[32];
+  const double h = v.get<double>();
+  std::snprintf(b, sizeof b, h < 1 ? "%.2f h" : "%.1f h", h);
+  return b;
+}
+
+void print_cards(std::ostream& out, const nlohmann::json& result) {
+  char line[512];
+  out << "\ncards (predicted: step time from the model's FLOPs at "
+      << static_cast<int>(kAssumedUtilisation * 100) << "% of each card's throughput; "
+      << "deadline " << result["deadline_hours"].get<double>() << " h):\n";
+  std::snprintf(line, sizeof line, "  %-14s %9s  %-13s %10s %10s %9s %9s %6s  %s\n", "card",
+                "memory", "fits", "step", "to finish", "cost", "lost/rcl", "cards", "plan");
+  out << line;
+  for (const auto& c : result["cards"]) {
+    std::string step = "-", cost = "-", n = "-";
+    if (!c["predicted_step_seconds"].is_null()) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.3g s", c["predicted_step_seconds"].get<double>());
+      step = b;
+    }
+    if (!c["cost_to_finish"].is_null()) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.0f", c["cost_to_finish"].get<double>());
+      cost = b;
+    }
+    if (!c["cards_for_deadline"].is_null())
+      n = std::to_string(c["cards_for_deadline"].get<int64_t>());
+    std::string plan = c["plan"].get<std::string>();
+    if (!c["note"].get<std::string>().empty()) plan += "; " + c["note"].get<std::string>();
+    std::snprintf(line, sizeof line, "  %-14s %9s  %-13s %10s %10s %9s %9s %6s  %s\n",
+                  c["name"].get<std::string>().c_str(),
+                  format_bytes(c["memory_bytes"].get<int64_t>()).c_str(),
+                  c["fits"].get<std::string>().c_str(), step.c_str(),
+                  hours_text(c["hours_to_finish"]).c_str(), cost.c_str(),
+                  hours_text(c["lost_hours_per_reclaim"]).c_str(), n.c_str(), plan.c_str());
+    out << line;
   }
-  int64_t b = eval_batch;
-  while (b > 1 && eval.at(b) > usable) b = std::max<int64_t>(1, b / 2);
-  if (eval.at(b) > usable) {
-    j["fits"] = "does not fit: evaluation needs " + format_bytes(static_cast<int64_t>(eval.at(b))) +
-                " at eval batch 1";
-    j["predicted_peak_bytes"] = static_cast<int64_t>(eval.at(b));
-    return j;
+}
+
+/// The plan from the estimate alone: the model built without its weights, nothing run.
+int estimate_plan(const RunConfig& config, const std::string& device, bool json,
+                  const Registry& registry, const PlanOptions& options, std::ostream& out,
+                  const std::string& why) {
+  const auto start = std::chrono::steady_clock::now();
+  Session session = open_estimate_session(config, device, registry);
+  const Precision precision = session.precision.precision;
+  const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
+  const Estimate plain = estimate_peak(*session.model, config.optim, session.data.input_shape,
+                                       micro, false, session.device, precision);
+  const Estimate ck = estimate_peak(*session.model, config.optim, session.data.input_shape, micro,
+                                    true, session.device, precision);
+  const double state = static_cast<double>(plain.parameters + plain.gradients +
+                                           plain.optimizer_state + plain.weight_casts);
+  Workload w = base_workload(config, session, plain, precision_name(precision));
+  w.plain = {state, static_cast<double>(plain.activations) / static_cast<double>(micro)};
+  if (!session.model->segments().empty())
+    w.checkpointed =
+        MemoryLine{state, static_cast<double>(ck.activations) / static_cast<double>(micro)};
+  // Evaluation keeps nothing for a backward pass: at most what a checkpointed step keeps.
+  w.eval = {state, static_cast<double>(ck.activations) / static_cast<double>(micro)};
+  w.state_bytes = plain.parameters + plain.gradients + plain.optimizer_state;
+  const ParameterCounts counts = count_parameters(*session.model);
+  nlohmann::json result = {
+      {"estimate_only", true},
+      {"why", why},
+      {"device", session.device.str()},
+      {"precision", precision_name(precision)},
+      {"precision_reason", session.precision.reason},
+      {"micro_batch", micro},
+      {"global_batch", config.train.batch_size},
+      {"breakdown", plain.to_json()},
+      {"breakdown_checkpointed", ck.to_json()},
+      {"parameters", {{"trainable", counts.trainable}, {"total", counts.total}}},
+      {"lora_layers", session.lora_layers},
+      {"total_steps", w.optimizer_steps}};
+  add_cards(result, w, options.cards, options.deadline_hours);
+  result["seconds"] = seconds_since(start);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  result["host_peak_rss_bytes"] = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+  if (json) {
+    out << result.dump() << "\n";
+    return 0;
   }
-  const std::string eval_note = b == eval_batch ? "" : "; eval batch " + std::to_string(b);
-  const double others = std::max(static_cast<double>(state_bytes), eval.at(b));
-  auto verdict = [&](const std::string& fits, double train_peak) {
-    j["fits"] = fits + eval_note;
-    j["predicted_peak_bytes"] = static_cast<int64_t>(std::max(train_peak, others));
-    return j;
-  };
-  if (plain.at(micro) <= usable) return verdict("as configured", plain.at(micro));
-  const int64_t per_rank = c.train.batch_size;
-  for (int64_t d : divisors_descending(per_rank)) {
-    if (d >= micro) continue;
-    if (plain.at(d) <= usable)
-      return verdict("gradient accumulation: micro-batch " + std::to_string(d) + " x " +
-                         std::to_string(per_rank / d),
-                     plain.at(d));
-    if (checkpointed && checkpointed->at(d) <= usable)
-      return verdict("activation checkpointing + accumulation: micro-batch " + std::to_string(d) +
-                         " x " + std::to_string(per_rank / d),
-                     checkpointed->at(d));
+  out << "estimate only   " << why << "; nothing was run or allocated\n";
+  out << "parameters      " << counts.trainable << " trainable of " << counts.total << "\n";
+  out << "precision       " << precision_name(precision) << " (" << session.precision.reason
+      << ")\n";
+  for (const auto* e : {&plain, &ck}) {
+    out << (e == &plain ? "training step   " : "  checkpointed  ") << "micro-batch " << micro
+        << ": " << format_bytes(e->total()) << " = parameters+buffers "
+        << format_bytes(e->parameters) << ", gradients " << format_bytes(e->gradients)
+        << ", optimizer state " << format_bytes(e->optimizer_state) << ", autocast copies "
+        << format_bytes(e->weight_casts) << ", activations " << format_bytes(e->activations)
+        << "\n";
   }
-  j["fits"] = "does not fit";
-  j["predicted_peak_bytes"] = static_cast<int64_t>(plain.at(micro));
-  return j;
+  print_cards(out, result);
+  return 0;
 }
 
 }  // namespace
 
 int plan_command(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                 bool json, const Registry& registry, std::ostream& out) {
-  Session session = open_session(config, device, memory_limit, registry);
+                 bool json, const Registry& registry, const PlanOptions& options,
+                 std::ostream& out) {
+  if (options.estimate_only)
+    return estimate_plan(config, device, json, registry, options, out, "--estimate-only");
+  std::optional<Session> opened;
+  try {
+    opened.emplace(open_session(config, device, memory_limit, registry));
+  } catch (const WeightsDoNotFit& e) {
+    spdlog::info("{}: planning from the estimate", e.what());
+    return estimate_plan(config, device, json, registry, options, out,
+                         "the weights alone do not fit this device");
+  }
+  Session& session = *opened;
   const MemoryPlan plan = make_plan(config, session, 1, std::nullopt);
   const Estimate estimate = estimate_for(config, session, plan);
 
@@ -85,7 +188,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   checkpoint_every_segment(*session.model, false);
   const Probe full = prober.train(micro, false);
   const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
-  Line plain;
+  MemoryLine plain;
   const Estimate at_micro = estimate_for(config, session, [&] {
     MemoryPlan p = plan;
     p.micro_batch = micro;
@@ -99,11 +202,11 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   const Probe& anchor = full.out_of_memory ? half : full;
   plain.fixed = anchor.out_of_memory ? static_cast<double>(at_micro.total() - at_micro.activations)
                                      : anchor.peak_bytes - plain.per_sample * anchor.micro_batch;
-  std::optional<Line> checkpointed;
+  std::optional<MemoryLine> checkpointed;
   if (!session.model->segments().empty()) {
     const Probe ck = prober.train(micro, true);
     if (!ck.out_of_memory)
-      checkpointed = Line{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
+      checkpointed = MemoryLine{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
   }
   // The plan's training step under each precision, side by side: measured and estimated.
   nlohmann::json precisions = nlohmann::json::array();
@@ -127,8 +230,9 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   // Evaluation: the state between steps (the training line's fixed part) plus a share per
   // sample, through the measured evaluation of the plan's eval batch.
   const MeasuredPeaks& m = plan.measured;
-  const Line eval{plain.fixed, std::max(0.0, (static_cast<double>(m.evaluation) - plain.fixed) /
-                                                 static_cast<double>(plan.eval_batch))};
+  const MemoryLine eval{plain.fixed,
+                        std::max(0.0, (static_cast<double>(m.evaluation) - plain.fixed) /
+                                          static_cast<double>(plan.eval_batch))};
   const int64_t state_bytes = std::max(m.checkpoint_capture, m.resume_loading);
 
   const int64_t n = session.data.train->size();
@@ -145,11 +249,18 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   result["eta_seconds"] = eta;
   result["total_steps"] = steps;
   if (!session.data_stage.empty()) result["data_stage"] = session.data_stage;
-  result["cards"] = nlohmann::json::array();
-  for (const auto& [name, bytes] : common_cards())
-    result["cards"].push_back(card_verdict(name, bytes, config, micro, plain,
-                                           checkpointed ? &*checkpointed : nullptr, state_bytes,
-                                           eval, plan.eval_batch));
+  Workload w =
+      base_workload(config, session, estimate, precision_name(session.precision.precision));
+  w.plain = plain;
+  w.checkpointed = checkpointed;
+  w.eval = eval;
+  w.eval_batch = plan.eval_batch;
+  w.state_bytes = state_bytes;
+  add_cards(result, w, options.cards, options.deadline_hours);
+  // What this machine reached on the counted FLOPs: the forecast's utilisation, for comparison.
+  if (plan.step_seconds > 0)
+    result["flops_per_second_here"] = estimate.forward_flops_per_sample * 3.0 *
+                                      static_cast<double>(plan.micro_batch) / plan.step_seconds;
   if (json) {
     out << result.dump() << "\n";
     return 0;
@@ -221,12 +332,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                   staged["seconds"].get<double>());
     out << line;
   }
-  out << "\ncommon cards (predicted):\n";
-  for (const auto& card : result["cards"]) {
-    std::snprintf(line, sizeof line, "  %-34s %s\n", card["card"].get<std::string>().c_str(),
-                  card["fits"].get<std::string>().c_str());
-    out << line;
-  }
+  print_cards(out, result);
   return 0;
 }
 

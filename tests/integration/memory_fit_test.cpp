@@ -1,6 +1,7 @@
 // Fitting the run to the device (issue 3) with the real binary: --memory-limit on CPU is
 // enforced by the counting allocator, so these runs really allocate under the limit.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -177,8 +178,20 @@ TEST(MemoryFit, PlanPrintsMeasuredEstimateAndCards) {
         "accumulation_steps", "activation_checkpointing", "global_batch", "eval_batch",
         "world_size", "breakdown", "cards", "eta_seconds"})
     EXPECT_TRUE(j.contains(key)) << key;
-  ASSERT_EQ(j["cards"].size(), 5u);
-  EXPECT_EQ(j["cards"][1]["fits"], "as configured");
+  // The bundled table (examples/cards.yaml): this small CNN fits every card as configured,
+  // and each forecast is consistent: hours = step x steps, cost = hours x price.
+  ASSERT_EQ(j["cards"].size(), 9u);
+  for (const auto& card : j["cards"]) {
+    EXPECT_EQ(card["fits"], "as_configured") << card.dump();
+    ASSERT_TRUE(card["predicted_step_seconds"].is_number()) << card.dump();
+    EXPECT_GT(card["predicted_step_seconds"].get<double>(), 0);
+    EXPECT_NEAR(
+        card["hours_to_finish"].get<double>(),
+        card["predicted_step_seconds"].get<double>() * j["total_steps"].get<double>() / 3600.0,
+        1e-9);
+    EXPECT_TRUE(card["cost_to_finish"].is_number()) << card.dump();
+    EXPECT_TRUE(card["cards_for_deadline"].is_null()) << card.dump();
+  }
   // Every part of the run is measured; the plan's peak is the largest, training and
   // evaluation counting the checkpoint copy a CPU run keeps between saves (when it fits, as
   // here: nothing limits this run's memory).
@@ -371,6 +384,84 @@ TEST(MemoryFit, ProbingDoesNotChangeTraining) {
     digests.push_back(inspect(ckpt)["model_digest"]);
   }
   EXPECT_EQ(digests[0], digests[1]);
+}
+
+TEST(MemoryFit, AUsersCardsFileReplacesTheTable) {
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  const std::string cards = write_config(dir,
+                                         "cards:\n"
+                                         "  - {name: tiny, memory: 1MiB, bf16_tflops: 10}\n"
+                                         "  - {name: lab card, memory: 8GiB, bf16_tflops: 20, "
+                                         "fp32_tflops: 5, price_per_hour: 0.5}\n"
+                                         "  - {name: no fp32, memory: 8GiB, bf16_tflops: 20}\n",
+                                         "cards.yaml");
+  Result first = run_gpurun({"plan", config, "--json", "--cards", cards});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // A deadline of a third and a bit of the lab card's time: 4 cards (3 do not divide 128).
+  const double hours = nlohmann::json::parse(first.out)["cards"][1]["hours_to_finish"];
+  EXPECT_TRUE(nlohmann::json::parse(first.out)["cards"][1]["cards_for_deadline"].is_null());
+  Result r = run_gpurun({"plan", config, "--json", "--cards", cards, "--deadline",
+                         nlohmann::json(hours / 3.5).dump()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["cards"].size(), 3u) << r.out;
+  EXPECT_EQ(j["cards"][0]["name"], "tiny");
+  EXPECT_EQ(j["cards"][0]["memory_bytes"], 1 << 20);
+  EXPECT_EQ(j["cards"][0]["fits"], "no");  // and exit 0: every card is reported
+  EXPECT_TRUE(j["cards"][0]["hours_to_finish"].is_null());
+  const auto& lab = j["cards"][1];
+  EXPECT_EQ(lab["fits"], "as_configured");
+  EXPECT_NEAR(lab["cost_to_finish"].get<double>(), lab["hours_to_finish"].get<double>() * 0.5,
+              1e-12);
+  // A deadline shorter than the run: more cards, dividing the global batch of 128.
+  EXPECT_EQ(lab["cards_for_deadline"], 4) << lab.dump();
+  // This fp32 run's time on a card without fp32_tflops is not guessed; no price: no cost.
+  EXPECT_TRUE(j["cards"][2]["predicted_step_seconds"].is_null());
+  EXPECT_TRUE(j["cards"][2]["cost_to_finish"].is_null());
+
+  // A typo names the key and suggests the right one; exit 2.
+  const std::string typo =
+      write_config(dir, "cards:\n  - {name: x, memroy: 8GiB, bf16_tflops: 20}\n", "typo.yaml");
+  Result bad = run_gpurun({"plan", config, "--cards", typo});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.err, "unknown key memroy; did you mean memory?")) << bad.err;
+}
+
+TEST(MemoryFit, TheEstimateOfA7BGptNeedsNeitherItsWeightsNorAMinute) {
+  // About 7B parameters (32 blocks of width 4096), context 2048, bf16, AdamW: planned from the
+  // estimate alone on a 24 GiB machine that could not hold its weights and optimizer state.
+  TempDir dir;
+  const std::string config =
+      write_config(dir,
+                   "model: {name: gpt, layers: 32, heads: 32, width: 4096, dropout: 0}\n"
+                   "data: {name: text, path: /usr/local/share/gpurun/kjv.txt, context: 2048, "
+                   "train_samples: 1000, eval_samples: 100}\n"
+                   "optim: {name: adamw, lr: 0.0003}\n"
+                   "train: {epochs: 1, batch_size: 8, precision: bf16}\n");
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run_gpurun({"plan", config, "--estimate-only", "--json"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(seconds, 60);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_LT(j["host_peak_rss_bytes"].get<int64_t>(), int64_t{4} << 30);
+  const int64_t n = j["parameters"]["total"].get<int64_t>();
+  EXPECT_GT(n, 6'000'000'000);
+  EXPECT_LT(n, 7'500'000'000);
+  const auto& b = j["breakdown"];
+  // fp32 weights (autocast's recipe), their gradients, Adam's two moments, bf16 copies.
+  EXPECT_EQ(b["gradients"], b["parameters"]);
+  EXPECT_EQ(b["optimizer_state"].get<int64_t>(), 2 * b["parameters"].get<int64_t>());
+  EXPECT_NEAR(b["weight_casts"].get<double>(), b["parameters"].get<double>() / 2, 0.01 * n);
+  // Activation checkpointing keeps the 32 block inputs instead of every block's tensors.
+  EXPECT_LT(j["breakdown_checkpointed"]["activations"].get<double>(),
+            0.25 * b["activations"].get<double>());
+  bool any_fits = false;
+  for (const auto& card : j["cards"]) any_fits = any_fits || card["fits"] != "no";
+  EXPECT_TRUE(any_fits) << r.out;  // the 141 GB card, with a plan
+  EXPECT_EQ(j["cards"][0]["fits"], "no");
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include "gpurun/activations.h"
+
 namespace gpurun {
 
 class SegmentedModel : public torch::nn::Module {
@@ -52,11 +54,22 @@ class SegmentedModel : public torch::nn::Module {
   /// Throws std::out_of_range for an index past the segments.
   void set_segment_prologue(size_t index, std::function<void()> prologue);
 
+  /// A model that knows what its segments keep for backward (attention scores inside a
+  /// transformer block, the tensors of a residual block) sets a function that says so, from
+  /// its shapes alone; the memory estimate (memory/peak_probe.h) then uses it instead of
+  /// running each segment's layers once, so that a model built without its weights
+  /// (`gpurun plan --estimate-only`) is estimated too. Empty: none.
+  void set_activation_estimate(ActivationEstimate estimate) {
+    activation_estimate_ = std::move(estimate);
+  }
+  const ActivationEstimate& activation_estimate() const { return activation_estimate_; }
+
  private:
   std::vector<torch::nn::Sequential> segments_;
   std::vector<std::string> names_;
   std::vector<bool> checkpointed_;
   std::vector<std::function<void()>> prologues_;  ///< one per segment, or empty
+  ActivationEstimate activation_estimate_;
 };
 
 /// The tensors of `model`'s state_dict in PyTorch's order (each module's own parameters,

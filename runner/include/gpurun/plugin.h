@@ -41,7 +41,7 @@
 /// Registry's factory signatures, ModelConfig, DataConfig, Dataset, DatasetSplits,
 /// SegmentedModel. A plugin built for another version is refused (exit 3) before any of its
 /// code runs.
-#define GPURUN_PLUGIN_ABI_VERSION 2
+#define GPURUN_PLUGIN_ABI_VERSION 3
 
 namespace gpurun {
 class Registry;

@@ -46,7 +46,9 @@ using detail::edit_distance;
 using detail::extends;
 using detail::Field;
 using detail::Key;
+using detail::length_gap;
 using detail::Limit;
+using detail::nearest_of;
 using detail::schema;
 using detail::tolerance;
 
@@ -100,13 +102,6 @@ std::string format_number(double v) {
 /// section, "optim.epochs"); ties go to the closer full name. Distances are held to the
 /// last components' tolerance, as the section prefix would make any two keys look close.
 /// Empty when none is reasonably close.
-/// At least the edit distance of `a` and `b`: the difference of their lengths. Checked before
-/// edit_distance(), whose cost grows with the product of the lengths: a key or value pasted by
-/// mistake (kilobytes of text) would otherwise take seconds to be told it is unknown.
-size_t length_gap(const std::string& a, const std::string& b) {
-  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
-}
-
 std::string nearest_key(const std::string& wrong) {
   std::pair<size_t, size_t> best{SIZE_MAX, SIZE_MAX};
   std::string found;
@@ -121,17 +116,6 @@ std::string nearest_key(const std::string& wrong) {
     if (full > most && last > most && !extends(wrong_last, key_last)) continue;
     const std::pair<size_t, size_t> score{std::min(full, last), full};
     if (score < best) best = score, found = k.name;
-  }
-  return found;
-}
-
-std::string nearest_of(const std::string& wrong, const std::vector<std::string>& names) {
-  size_t best = SIZE_MAX;
-  std::string found;
-  for (const std::string& name : names) {
-    if (length_gap(wrong, name) > tolerance(wrong, name) && !extends(wrong, name)) continue;
-    const size_t d = edit_distance(wrong, name);
-    if ((d <= tolerance(wrong, name) || extends(wrong, name)) && d < best) best = d, found = name;
   }
   return found;
 }

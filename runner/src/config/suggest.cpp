@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <vector>
 
 namespace gpurun::detail {
@@ -38,6 +39,24 @@ bool extends(const std::string& a, const std::string& b) {
   const std::string& shorter = a.size() < b.size() ? a : b;
   const std::string& longer = a.size() < b.size() ? b : a;
   return shorter.size() >= 4 && longer.compare(0, shorter.size(), shorter) == 0;
+}
+
+/// At least the edit distance of `a` and `b`: the difference of their lengths. Checked before
+/// edit_distance(), whose cost grows with the product of the lengths: a key or value pasted by
+/// mistake (kilobytes of text) would otherwise take seconds to be told it is unknown.
+size_t length_gap(const std::string& a, const std::string& b) {
+  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+}
+
+std::string nearest_of(const std::string& wrong, const std::vector<std::string>& names) {
+  size_t best = SIZE_MAX;
+  std::string found;
+  for (const std::string& name : names) {
+    if (length_gap(wrong, name) > tolerance(wrong, name) && !extends(wrong, name)) continue;
+    const size_t d = edit_distance(wrong, name);
+    if ((d <= tolerance(wrong, name) || extends(wrong, name)) && d < best) best = d, found = name;
+  }
+  return found;
 }
 
 }  // namespace gpurun::detail

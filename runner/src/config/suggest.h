@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace gpurun::detail {
 
@@ -17,5 +18,12 @@ size_t tolerance(const std::string& a, const std::string& b);
 
 /// One name starts the other and is not too short to mean much: "optimizer" ~ "optim".
 bool extends(const std::string& a, const std::string& b);
+
+/// The difference of the lengths of `a` and `b`: a lower bound of their edit distance, checked
+/// first, as edit_distance() costs the product of the lengths.
+size_t length_gap(const std::string& a, const std::string& b);
+
+/// The name of `names` nearest to `wrong` within tolerance(), for "did you mean"; "" when none.
+std::string nearest_of(const std::string& wrong, const std::vector<std::string>& names);
 
 }  // namespace gpurun::detail

@@ -5,9 +5,11 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/dropout.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -78,12 +80,111 @@ class Restorer {
   int64_t saved_bytes_ = 0;
 };
 
+/// What autograd keeps of one layer of a Sequential, by the layer's kind (the tensors its
+/// backward formula in PyTorch's derivatives.yaml takes), added to `kept`: storage -> bytes, so
+/// that a tensor kept by two layers (a ReLU's output that the next Linear takes) counts once.
+void keep_for_backward(const torch::nn::AnyModule& layer, const at::Tensor& in,
+                       const at::Tensor& out, const ActivationDtypes& dtypes,
+                       std::map<const void*, int64_t>& kept, int64_t& fresh, double& flops) {
+  const std::string kind = layer.ptr()->name();
+  auto keep = [&](const at::Tensor& t) {
+    kept[t.storage().data()] = static_cast<int64_t>(t.storage().nbytes());
+  };
+  auto has = [&](const char* name) { return kind.find(name) != std::string::npos; };
+  if (has("Linear") || has("Conv")) {
+    // A multiply-add per weight element and output position: 2 x weight / out-channels x out.
+    const auto params = layer.ptr()->named_parameters(false);
+    if (const auto* weight = params.find("weight"); weight && weight->dim() >= 2)
+      flops += 2.0 * static_cast<double>(weight->numel() / weight->size(0)) *
+               static_cast<double>(out.numel());
+    // The input, as autocast cast it for the product: a new copy when its dtype changes.
+    if (static_cast<int64_t>(in.element_size()) == dtypes.compute || !in.is_floating_point())
+      keep(in);
+    else
+      fresh += in.numel() * dtypes.compute;
+  } else if (has("ReLU") || has("Sigmoid") || has("Tanh") || has("Softmax")) {
+    keep(out);
+  } else if (has("MaxPool")) {
+    keep(in);
+    fresh += out.numel() * 8;  // the int64 indices of the maxima
+  } else if (has("Dropout")) {
+    const auto* d = layer.ptr()->as<torch::nn::DropoutImpl>();
+    if (d && d->options.p() > 0) {
+      fresh += in.numel() * dtypes.dropout_mask(d->options.p(), in.element_size());
+      fresh += out.numel() * static_cast<int64_t>(out.element_size());  // the output it makes
+    }
+  } else if (has("Flatten") || has("AdaptiveAvgPool") || has("Identity")) {
+    // shapes only
+  } else if (has("BatchNorm") || has("LayerNorm") || has("GELU") || has("SiLU") ||
+             has("Embedding")) {
+    keep(in);
+  } else {
+    keep(in);  // an unknown layer: assume it keeps its input and its output
+    keep(out);
+  }
+}
+
+/// The activations of each segment, from running its layers once on one sample of zeros under
+/// NoGradGuard in eval mode (BatchNorm must not update its statistics; shapes are the same).
+std::vector<SegmentActivations> walk_segments(SegmentedModel& model,
+                                              const std::vector<int64_t>& input_shape,
+                                              c10::Device device, Precision precision) {
+  std::vector<int64_t> sample_shape{1};
+  sample_shape.insert(sample_shape.end(), input_shape.begin(), input_shape.end());
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
+  const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
+  at::Tensor x = at::zeros(sample_shape, at::TensorOptions().device(device));
+  // The layers' outputs in the dtypes autocast gives them (bf16 or fp16 for matrix products).
+  AutocastGuard autocast(precision, device);
+  std::vector<SegmentActivations> out;
+  std::map<const void*, int64_t> kept;  // across segments: a tensor two segments keep
+  for (torch::nn::Sequential segment : model.segments()) {  // a copy of the holder: non-const
+    SegmentActivations a;
+    a.input_bytes = static_cast<int64_t>(x.nbytes());
+    int64_t kept_bytes_before = 0, fresh = 0;
+    for (const auto& [storage, bytes] : kept) kept_bytes_before += bytes;
+    for (auto& layer : *segment) {
+      at::Tensor in = x;
+      x = layer.forward(x);
+      keep_for_backward(layer, in, x, dtypes, kept, fresh, a.forward_flops);
+      a.largest_bytes = std::max(a.largest_bytes, static_cast<int64_t>(x.nbytes()));
+    }
+    int64_t kept_bytes = 0;
+    for (const auto& [storage, bytes] : kept) kept_bytes += bytes;
+    a.saved_bytes = kept_bytes - kept_bytes_before + fresh;
+    out.push_back(a);
+  }
+  if (was_training) model.train();
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json Estimate::to_json() const {
-  return {{"parameters", parameters},           {"gradients", gradients},
-          {"optimizer_state", optimizer_state}, {"activations", activations},
-          {"weight_casts", weight_casts},       {"total", total()}};
+  return {{"parameters", parameters},
+          {"gradients", gradients},
+          {"optimizer_state", optimizer_state},
+          {"activations", activations},
+          {"weight_casts", weight_casts},
+          {"optimizer_temporaries", optimizer_temporaries},
+          {"total", total()},
+          {"forward_flops_per_sample", forward_flops_per_sample}};
+}
+
+int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool checkpointing) {
+  int64_t inputs = 0, saved = 0, largest_saved = 0, largest = 0;
+  for (const SegmentActivations& a : segments) {
+    inputs += a.input_bytes;
+    saved += a.saved_bytes;
+    largest_saved = std::max(largest_saved, a.saved_bytes);
+    largest = std::max(largest, a.largest_bytes);
+  }
+  // The backward pass of the segment with the largest tensor holds its gradient and the
+  // gradient it passes on beside what is kept.
+  return (checkpointing ? inputs + largest_saved : saved) + 2 * largest;
 }
 
 Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
@@ -99,33 +200,23 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
     // and backward of a step (its cast cache); vectors (biases, norms) run in float32.
     if (precision != Precision::kFp32 && p.dim() >= 2) e.weight_casts += p.numel() * half;
   }
-  if (optim.name == "adam" || optim.name == "adamw")
+  int64_t largest = 0;
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) largest = std::max<int64_t>(largest, p.nbytes());
+  if (optim.name == "adam" || optim.name == "adamw") {
     e.optimizer_state = 2 * e.gradients;
-  else if (optim.momentum > 0)
-    e.optimizer_state = e.gradients;
-
-  // Output bytes of every layer for one sample, by segment.
-  std::vector<int64_t> sample_shape{1};
-  sample_shape.insert(sample_shape.end(), input_shape.begin(), input_shape.end());
-  torch::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();  // BatchNorm must not update its statistics; dropout keeps shapes anyway
-  at::Tensor x = at::zeros(sample_shape, at::TensorOptions().device(device));
-  // The layers' outputs in the dtypes autocast gives them (bf16 or fp16 for matrix products).
-  AutocastGuard autocast(precision, device);
-  int64_t segment_inputs = 0, largest_segment = 0, all_outputs = 0;
-  for (torch::nn::Sequential segment : model.segments()) {  // a copy of the holder: non-const
-    segment_inputs += static_cast<int64_t>(x.nbytes());
-    int64_t inside = 0;
-    for (auto& layer : *segment) {
-      x = layer.forward(x);
-      inside += static_cast<int64_t>(x.nbytes());
-    }
-    all_outputs += inside;
-    largest_segment = std::max(largest_segment, inside);
+    e.optimizer_temporaries = 2 * largest;
+  } else {
+    if (optim.momentum > 0) e.optimizer_state = e.gradients;
+    if (optim.weight_decay > 0) e.optimizer_temporaries = largest;
   }
-  if (was_training) model.train();
-  e.activations = micro_batch * (checkpointing ? segment_inputs + largest_segment : all_outputs);
+
+  const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
+  const std::vector<SegmentActivations> segments =
+      model.activation_estimate() ? model.activation_estimate()(dtypes)
+                                  : walk_segments(model, input_shape, device, precision);
+  e.activations = micro_batch * activation_bytes(segments, checkpointing);
+  for (const SegmentActivations& a : segments) e.forward_flops_per_sample += a.forward_flops;
   return e;
 }
 

@@ -7,6 +7,7 @@
 // are as if it never ran.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <torch/optim/optimizer.h>
 #include <nlohmann/json.hpp>
 
+#include "gpurun/activations.h"
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
 #include "gpurun/loss.h"
@@ -31,24 +33,42 @@ class SegmentedModel;
 ///   gradients              one per parameter (same size)
 ///   optimizer_state        SGD with momentum: 1 x parameters; Adam, AdamW: 2 x (exp_avg and
 ///                          exp_avg_sq, PyTorch's torch.optim.Adam); plain SGD: 0
-///   activations            every layer's output for `micro_batch` samples (what autograd
-///                          keeps for backward), in the dtype autocast gives it under the
-///                          precision; with activation checkpointing only
-///                          the segment inputs plus the largest segment's internal outputs
-///                          (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost")
+///   activations            what autograd keeps for backward of `micro_batch` samples, in
+///                          the dtypes autocast gives under the precision: the model's
+///                          SegmentedModel::activation_estimate() where it has one, else each
+///                          layer's saved tensors by its kind (the input of a Linear or Conv,
+///                          the output of a ReLU, ...); with activation checkpointing only the
+///                          segment inputs plus the largest segment's saved tensors (Chen et
+///                          al. 2016, "Training Deep Nets with Sublinear Memory Cost"); plus
+///                          twice the largest single tensor, the gradients of the backward
+///                          pass's busiest moment
 ///   weight_casts           bf16 / fp16: autocast's cached low-precision copy of every
 ///                          trainable weight matrix (2 bytes per element); fp32: 0
 /// Gradients and optimizer state count trainable parameters only (model.freeze, LoRA).
+///   optimizer_temporaries  what the optimizer step allocates beside its state, after the
+///                          activations are freed: Adam, AdamW 2 x the largest trainable
+///                          parameter (sqrt(v) and its quotient, torch::optim::Adam::step);
+///                          SGD with weight decay 1 x; else 0
+/// total = parameters + gradients + optimizer_state + weight_casts + the larger of activations
+/// and optimizer_temporaries.
 struct Estimate {
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0;
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0,
+          optimizer_temporaries = 0;
+  /// Not memory: the forward pass's FLOPs for one sample (SegmentActivations::forward_flops).
+  double forward_flops_per_sample = 0;
   int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + weight_casts;
+    return parameters + gradients + optimizer_state + weight_casts +
+           std::max(activations, optimizer_temporaries);
   }
   nlohmann::json to_json() const;
 };
 
-/// Computes the Estimate by running each layer once on one sample under NoGradGuard to learn
-/// the output sizes; `input_shape` is one sample's shape, e.g. {1, 28, 28}.
+/// The activation bytes of one sample of `segments` (see Estimate::activations).
+int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool checkpointing);
+
+/// Computes the Estimate; without the model's activation_estimate() it runs each layer once on
+/// one sample under NoGradGuard to learn the sizes; `input_shape` is one sample's shape, e.g.
+/// {1, 28, 28}.
 Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
                        const std::vector<int64_t>& input_shape, int64_t micro_batch,
                        bool checkpointing, c10::Device device,

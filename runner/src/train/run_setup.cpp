@@ -17,6 +17,7 @@
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "model/torchscript_model.h"
+#include "model/without_weights.h"
 #include "train/data_stage.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
@@ -28,6 +29,49 @@ int64_t memory_limit_bytes(const RunConfig& config, int64_t memory_limit) {
   if (memory_limit > 0) return memory_limit;
   if (config.memory.capacity != "auto") return parse_size(config.memory.capacity);
   return 0;
+}
+
+namespace {
+
+/// The model of `config` for `s.data`, with its LoRA adapters and frozen parameters, into
+/// `s.model` and `s.lora_layers`.
+void build_model(const RunConfig& config, const Registry& registry, Session& s) {
+  s.model = config.model.torchscript.empty()
+                ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
+                : load_torchscript_model(config_path(config, config.model.torchscript),
+                                         s.data.input_shape, s.data.num_classes);
+  // Adapters before the weights move: lora_A and lora_B are parameters like the others.
+  if (config.model.lora.rank > 0) s.lora_layers = add_lora_adapters(*s.model, config.model.lora);
+  if (!config.model.freeze.empty()) freeze_parameters(*s.model, config.model.freeze);
+  if (count_parameters(*s.model).trainable == 0)
+    throw ConfigError("model.freeze" +
+                      std::string(config.model.lora.rank > 0 ? " with model.lora" : "") +
+                      " leaves no parameter to train: every parameter of the model matches a "
+                      "pattern");
+}
+
+}  // namespace
+
+Session open_estimate_session(const RunConfig& config, const std::string& device,
+                              const Registry& registry) {
+  if (!config.model.torchscript.empty())
+    throw ConfigError(
+        "a TorchScript model (model.torchscript) is loaded with its weights: plan "
+        "it without --estimate-only");
+  Session s;
+  s.device = select_device(device, 0);
+  s.loss = registry.make_loss(config.train.loss);
+  s.data = registry.make_dataset(config.data);
+  try {
+    WithoutWeights without_weights;
+    build_model(config, registry, s);
+  } catch (const c10::Error& e) {
+    throw ConfigError("model " + config.model.name + " cannot be built without its weights (" +
+                      e.what_without_backtrace() +
+                      "): plan it by running it, without --estimate-only");
+  }
+  s.precision = resolve_precision(config.train.precision, s.device);
+  return s;
 }
 
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
@@ -44,18 +88,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-  s.model = config.model.torchscript.empty()
-                ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
-                : load_torchscript_model(config_path(config, config.model.torchscript),
-                                         s.data.input_shape, s.data.num_classes);
-  // Adapters before the weights move: lora_A and lora_B are parameters like the others.
-  if (config.model.lora.rank > 0) s.lora_layers = add_lora_adapters(*s.model, config.model.lora);
-  if (!config.model.freeze.empty()) freeze_parameters(*s.model, config.model.freeze);
-  if (count_parameters(*s.model).trainable == 0)
-    throw ConfigError("model.freeze" +
-                      std::string(config.model.lora.rank > 0 ? " with model.lora" : "") +
-                      " leaves no parameter to train: every parameter of the model matches a "
-                      "pattern");
+  build_model(config, registry, s);
   s.precision = resolve_precision(config.train.precision, s.device);
   s.model->to(s.device);
   // The weights are copied again under the meter, so that they count as device memory, and a
@@ -72,15 +105,15 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
     const int64_t need =
         weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
     const std::string card = smallest_card_for(need, config.memory.headroom);
-    throw ConfigError("the model does not fit: its weights alone are " + std::to_string(weights) +
-                      " bytes (" + format_bytes(weights) +
-                      "); with gradients and optimizer "
-                      "state it needs about " +
-                      std::to_string(need) + " bytes, the device has " +
-                      std::to_string(s.meter->capacity_bytes()) + " bytes (" +
-                      format_bytes(s.meter->capacity_bytes()) + "); " +
-                      (card.empty() ? "no common card is large enough"
-                                    : "the smallest common card that fits: " + card));
+    throw WeightsDoNotFit("the model does not fit: its weights alone are " +
+                          std::to_string(weights) + " bytes (" + format_bytes(weights) +
+                          "); with gradients and optimizer "
+                          "state it needs about " +
+                          std::to_string(need) + " bytes, the device has " +
+                          std::to_string(s.meter->capacity_bytes()) + " bytes (" +
+                          format_bytes(s.meter->capacity_bytes()) + "); " +
+                          (card.empty() ? "no common card is large enough"
+                                        : "the smallest common card that fits: " + card));
   }
   warn_about_suspicious_settings(config, s, memory_limit);
   return s;

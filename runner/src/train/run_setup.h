@@ -13,6 +13,7 @@
 
 #include "gpurun/config.h"
 #include "gpurun/dataset.h"
+#include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "memory/peak_probe.h"
 #include "memory/planner.h"
@@ -59,6 +60,19 @@ struct PlanAgreement {
 /// (the trainer, after choosing no checkpoint; init_weights.h).
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0);
+
+/// open_session()'s ConfigError when the model's weights alone exceed the device.
+struct WeightsDoNotFit : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+/// A session for the estimate only (`gpurun plan --estimate-only`, or a model too large for
+/// this machine): the data and the model with its adapters and frozen parameters, built
+/// WithoutWeights (model/without_weights.h) on the CPU, whatever `device`; `device` only
+/// resolves train.precision. No meter. Throws ConfigError for a TorchScript model and for a
+/// model whose factory cannot run without weights.
+Session open_estimate_session(const RunConfig& config, const std::string& device,
+                              const Registry& registry);
 
 /// The request for the planner from the config: global batch, configured micro-batch,
 /// capacity, headroom and strategy.

@@ -117,6 +117,29 @@ TEST(Gpt, LogitsPerPositionWithOneSegmentPerBlock) {
   EXPECT_THROW(make(gpt_config(), {1, 28, 28}, 10), ConfigError);
 }
 
+// The activation estimate follows the forward pass op by op (plugins/gpt.cpp); these pin its
+// terms per token of a block (w width, H heads, T time, c the product dtype's bytes).
+TEST(Gpt, ActivationEstimatePinsWhatEachBlockKeepsForBackward) {
+  ModelConfig c = gpt_config(0.1);  // w 16, H 2, 2 blocks
+  auto model = make(c, {12}, 30);
+  ASSERT_TRUE(model->activation_estimate());
+  const int64_t w = 16, h = 2, t = 12;
+  // CPU bf16 with dropout: LayerNorms 2 x (4w + 8), the products' inputs 2w + 2w + 2w + 8w,
+  // qkv 6w, GELU's input 8w, two residual masks 2 x 2w; scores: softmax's output, dropout's
+  // mask and output, 3 x 2 x H T.
+  const auto bf16 = model->activation_estimate()({2, false});
+  ASSERT_EQ(bf16.size(), 4u);  // embed, block0, block1, head
+  EXPECT_EQ(bf16[1].saved_bytes, t * (2 * (4 * w + 8) + 40 * w - 8 * w + 6 * h * t));
+  EXPECT_EQ(bf16[1].input_bytes, t * 4 * w);
+  // CUDA fp32 without dropout: softmax's output is what the product with v takes; no masks.
+  c.dropout = 0;
+  const auto cuda = make(c, {12}, 30)->activation_estimate()({4, true});
+  EXPECT_EQ(cuda[1].saved_bytes,
+            t * (2 * (4 * w + 8) + 4 * (w + w + 3 * w + w + 4 * w + 4 * w) + 4 * h * t));
+  // FLOPs per block: 2 x 12 w^2 per token for the products of width, 2 x 2 T w for the scores.
+  EXPECT_DOUBLE_EQ(cuda[1].forward_flops, t * (24.0 * w * w + 4.0 * t * w));
+}
+
 TEST(Gpt, CausalMaskKeepsEarlierPositionsBlindToLaterTokens) {
   auto model = make(gpt_config(), {16}, 20);
   model->eval();

@@ -1,0 +1,101 @@
+#include "forecast/cards.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "config/suggest.h"
+#include "forecast/bundled_cards.h"
+#include "gpurun/errors.h"
+#include "util/units.h"
+
+namespace gpurun {
+namespace {
+
+const std::vector<std::string> kKeys = {"name", "memory", "bf16_tflops", "fp32_tflops",
+                                        "price_per_hour"};
+
+double positive(const YAML::Node& n, const std::string& where) {
+  double v = 0;
+  try {
+    v = n.as<double>();
+  } catch (const YAML::Exception&) {
+    throw ConfigError(where + ": expected a number, got \"" + (n.IsScalar() ? n.Scalar() : "") +
+                      "\"");
+  }
+  if (!(v > 0)) throw ConfigError(where + ": must be > 0, got " + n.Scalar());
+  return v;
+}
+
+}  // namespace
+
+std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin + ": not YAML: " + e.what());
+  }
+  if (!root.IsMap() || !root["cards"])
+    throw ConfigError(origin + ": expected a map with a list \"cards:\"");
+  for (const auto& top : root) {
+    const std::string key = top.first.as<std::string>();
+    if (key != "cards") throw ConfigError(origin + ": unknown key " + key + " (expected cards)");
+  }
+  const YAML::Node list = root["cards"];
+  if (!list.IsSequence() || list.size() == 0)
+    throw ConfigError(origin + ": cards: expected a list of at least one card");
+  std::vector<Card> cards;
+  std::set<std::string> names;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node n = list[i];
+    std::string where = origin + ": card " + std::to_string(i + 1);
+    if (!n.IsMap()) throw ConfigError(where + ": expected {name: ..., memory: ..., ...}");
+    for (const auto& kv : n) {
+      const std::string key = kv.first.as<std::string>();
+      if (std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end()) continue;
+      const std::string guess = detail::nearest_of(key, kKeys);
+      throw ConfigError(where + ": unknown key " + key +
+                        (guess.empty() ? "" : "; did you mean " + guess + "?") + " (keys: name, " +
+                        "memory, bf16_tflops, fp32_tflops, price_per_hour)");
+    }
+    Card c;
+    if (!n["name"] || !n["name"].IsScalar() || n["name"].Scalar().empty())
+      throw ConfigError(where + ": needs a name");
+    c.name = n["name"].Scalar();
+    where += " (" + c.name + ")";
+    if (!names.insert(c.name).second) throw ConfigError(where + ": the name is given twice");
+    if (!n["memory"] || !n["memory"].IsScalar())
+      throw ConfigError(where + ": needs memory: a SIZE, e.g. 24GiB");
+    try {
+      c.memory_bytes = parse_size(n["memory"].Scalar());
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + ": memory: " + e.what());
+    }
+    if (c.memory_bytes <= 0) throw ConfigError(where + ": memory must be > 0");
+    if (!n["bf16_tflops"]) throw ConfigError(where + ": needs bf16_tflops");
+    c.bf16_tflops = positive(n["bf16_tflops"], where + ": bf16_tflops");
+    if (n["fp32_tflops"]) c.fp32_tflops = positive(n["fp32_tflops"], where + ": fp32_tflops");
+    if (n["price_per_hour"])
+      c.price_per_hour = positive(n["price_per_hour"], where + ": price_per_hour");
+    cards.push_back(c);
+  }
+  return cards;
+}
+
+std::vector<Card> load_cards(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--cards " + path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_cards(text.str(), path);
+}
+
+const std::vector<Card>& bundled_cards() {
+  static const std::vector<Card> cards = parse_cards(kBundledCardsYaml, "the bundled cards");
+  return cards;
+}
+
+}  // namespace gpurun

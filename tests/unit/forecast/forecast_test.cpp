@@ -1,0 +1,117 @@
+// The card forecast's arithmetic (forecast/forecast.h) and the cards file (forecast/cards.h).
+#include "forecast/forecast.h"
+
+#include <gtest/gtest.h>
+
+#include "forecast/cards.h"
+#include "gpurun/errors.h"
+
+namespace gpurun {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+/// 4 GiB of state, 1 GiB a sample; 1 PFLOP a step; 1000 steps of 100 an epoch; no headroom.
+Workload workload() {
+  Workload w;
+  w.plain = {4.0 * kGiB, 1.0 * kGiB};
+  w.checkpointed = MemoryLine{4.0 * kGiB, 0.25 * kGiB};
+  w.eval = {4.0 * kGiB, 0.1 * kGiB};
+  w.state_bytes = 4 * kGiB;
+  w.global_batch = 16;
+  w.micro_batch = 16;
+  w.eval_batch = 16;
+  w.precision = "bf16";
+  w.flops_per_step = 1e15;
+  w.flops_per_step_checkpointed = 4e15 / 3;
+  w.optimizer_steps = 1000;
+  w.steps_per_epoch = 100;
+  w.headroom = 0;
+  return w;
+}
+
+Card card(double gib, double bf16 = 100, std::optional<double> price = 2.0) {
+  return {"card", static_cast<int64_t>(gib * kGiB), bf16, std::nullopt, price};
+}
+
+TEST(Forecast, FitsAsConfiguredThenWithAccumulationThenWithCheckpointingThenNot) {
+  const Workload w = workload();
+  EXPECT_EQ(forecast(card(20), w, 72).fits, "as_configured");  // 4 + 16 x 1 = 20 GiB
+  const CardForecast acc = forecast(card(12.5), w, 72);        // 4 + 8 = 12 fits
+  EXPECT_EQ(acc.fits, "with_plan");
+  EXPECT_EQ(acc.micro_batch, 8);
+  EXPECT_EQ(acc.accumulation, 2);
+  EXPECT_FALSE(acc.activation_checkpointing);
+  const CardForecast ck = forecast(card(5.5), w, 72);  // 4 + 1 > 5.5 > 4 + 4 x 0.25 = 5
+  EXPECT_EQ(ck.fits, "with_plan");
+  EXPECT_EQ(ck.micro_batch, 4);
+  EXPECT_TRUE(ck.activation_checkpointing);
+  const CardForecast no = forecast(card(3), w, 72);  // the state alone is 4 GiB
+  EXPECT_EQ(no.fits, "no");
+  EXPECT_FALSE(no.hours_to_finish);
+  EXPECT_NE(no.plan.find("does not shard"), std::string::npos) << no.plan;
+}
+
+TEST(Forecast, TimeCostLostWorkAndCardsForADeadline) {
+  Workload w = workload();
+  // 1e15 FLOPs at 40% of 100 TFLOP/s: 25 s a step; 1000 steps: 25000 s.
+  const CardForecast f = forecast(card(20), w, 72);
+  EXPECT_DOUBLE_EQ(*f.predicted_step_seconds, 1e15 / (100e12 * kAssumedUtilisation));
+  EXPECT_DOUBLE_EQ(*f.hours_to_finish, 25000.0 / 3600.0);
+  EXPECT_DOUBLE_EQ(*f.cost_to_finish, 2.0 * 25000.0 / 3600.0);
+  EXPECT_DOUBLE_EQ(*f.lost_hours_per_reclaim, 100 * 25.0 / 3600.0);  // an epoch
+  EXPECT_FALSE(f.cards_for_deadline);
+  w.checkpoint_every_seconds = 600;  // every_minutes 10 is sooner than an epoch
+  EXPECT_DOUBLE_EQ(*forecast(card(20), w, 72).lost_hours_per_reclaim, 600.0 / 3600.0);
+  // 6.94 h against a 2 h deadline: 4 cards (ceil 3.47), which divide the global batch 16.
+  EXPECT_EQ(forecast(card(20), w, 2).cards_for_deadline, 4);
+  // 5 cards would do for 1.5 h, but 5 does not divide 16: 8.
+  EXPECT_EQ(forecast(card(20), w, 1.5).cards_for_deadline, 8);
+  EXPECT_FALSE(forecast(card(20), w, 0.01).cards_for_deadline);  // more than 16 cards
+  // No price: no cost. An fp32 run on a card without fp32_tflops: no time.
+  EXPECT_FALSE(forecast(card(20, 100, std::nullopt), w, 72).cost_to_finish);
+  w.precision = "fp32";
+  EXPECT_FALSE(forecast(card(20), w, 72).predicted_step_seconds);
+}
+
+TEST(Cards, TheBundledTableParsesAndAUsersFileIsChecked) {
+  EXPECT_GE(bundled_cards().size(), 5u);
+  for (const Card& c : bundled_cards()) {
+    EXPECT_GT(c.memory_bytes, 0) << c.name;
+    EXPECT_GT(c.bf16_tflops, 0) << c.name;
+  }
+  const auto cards = parse_cards(
+      "cards:\n  - {name: a, memory: 24GiB, bf16_tflops: 165, fp32_tflops: 83, "
+      "price_per_hour: 3}\n  - {name: b, memory: 80GB, bf16_tflops: 312}\n",
+      "t.yaml");
+  ASSERT_EQ(cards.size(), 2u);
+  EXPECT_EQ(cards[0].memory_bytes, 24 * kGiB);
+  EXPECT_EQ(*cards[0].fp32_tflops, 83);
+  EXPECT_EQ(*cards[0].price_per_hour, 3);
+  EXPECT_EQ(cards[1].memory_bytes, 80'000'000'000);
+  EXPECT_FALSE(cards[1].price_per_hour);
+  auto error = [](const std::string& yaml) {
+    try {
+      parse_cards(yaml, "t.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("cards:\n  - {name: a, memory: 1GiB, bf16_tflop: 1}\n")
+                .find("unknown key bf16_tflop; did you mean bf16_tflops?"),
+            std::string::npos);
+  EXPECT_NE(error("cards:\n  - {name: a, memory: lots, bf16_tflops: 1}\n").find("memory"),
+            std::string::npos);
+  EXPECT_NE(error("cards:\n  - {name: a, memory: 1GiB, bf16_tflops: -1}\n").find("> 0"),
+            std::string::npos);
+  EXPECT_NE(error("cards: []\n").find("at least one"), std::string::npos);
+  EXPECT_NE(error("cards:\n  - {name: a, memory: 1GiB, bf16_tflops: 1}\n"
+                  "  - {name: a, memory: 1GiB, bf16_tflops: 1}\n")
+                .find("twice"),
+            std::string::npos);
+  EXPECT_NE(error("gpus: []\n").find("cards"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpurun
