@@ -5,6 +5,7 @@ namespace {
 
 constexpr const char* kRun = "Run";
 constexpr const char* kDistributed = "Distributed (DDP; under Slurm these come from SLURM_*)";
+constexpr const char* kQueue = "Queue";
 constexpr const char* kExport = "Export";
 constexpr const char* kOutput = "Output";
 
@@ -21,7 +22,7 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
-    {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times", true},
+    {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},
     {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", true},
     {kRun, "memory-limit", T::kString, "SIZE", "", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator"},
     {kDistributed, "nproc-per-node", T::kInt, "N", "", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", true},
@@ -29,6 +30,8 @@ const std::vector<OptionSpec>& option_table() {
     {kDistributed, "node-rank", T::kInt, "R", "", "this node's index, 0..nnodes-1", true},
     {kDistributed, "master-addr", T::kString, "HOST", "", "host of rank 0 (the rendezvous store)", true},
     {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
+    {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
+    {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
@@ -40,7 +43,7 @@ const std::vector<OptionSpec>& option_table() {
 }
 
 const std::vector<std::string>& option_groups() {
-  static const std::vector<std::string> groups = {kRun, kDistributed, kExport, kOutput};
+  static const std::vector<std::string> groups = {kRun, kDistributed, kQueue, kExport, kOutput};
   return groups;
 }
 

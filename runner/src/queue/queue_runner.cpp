@@ -1,0 +1,472 @@
+#include "queue/queue_runner.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <optional>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
+#include "distributed/worker_env.h"
+#include "gpurun/errors.h"
+#include "launch/worker_process.h"
+#include "queue/queue_state.h"
+#include "queue/queue_summary.h"
+#include "report/reporter.h"
+#include "util/clock.h"
+#include "util/fs.h"
+#include "util/signals.h"
+
+namespace gpurun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::milliseconds(100);
+
+/// DIR/queue.lock, flock(2)ed while this queue lives; the kernel drops it when we die, however.
+/// Close-on-exec, so that no child (nor an orphan that outlives us) holds it.
+class QueueLock {
+ public:
+  explicit QueueLock(const std::string& dir) : path_(dir + "/queue.lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw IoError("open", path_, errno);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      if (err != EWOULDBLOCK) throw IoError("flock", path_, err);
+      std::string holder;
+      try {
+        holder = fs::read_file(path_);
+      } catch (const IoError&) {
+      }
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      throw ConfigError(dir + " is used by a live gpurun queue (" +
+                        (holder.empty() ? std::string("holder unknown") : holder) +
+                        "): wait for it to end, or stop it (SIGTERM) and run this again");
+    }
+    const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
+    if (::ftruncate(fd_, 0) == 0) {
+      const ssize_t ignored = ::pwrite(fd_, me.data(), me.size(), 0);
+      (void)ignored;  // the lock is what counts; the text only names the holder
+    }
+  }
+  ~QueueLock() { ::close(fd_); }
+  QueueLock(const QueueLock&) = delete;
+  QueueLock& operator=(const QueueLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+bool has_key(const std::vector<std::string>& sets, const std::string& key) {
+  for (const std::string& s : sets)
+    if (s.rfind(key + "=", 0) == 0) return true;
+  return false;
+}
+
+/// Whether the config file sets train.threads itself (then the queue leaves it alone).
+bool config_sets_threads(const std::string& config) {
+  try {
+    const YAML::Node root = YAML::LoadFile(config);
+    return root.IsMap() && root["train"] && root["train"].IsMap() && root["train"]["threads"];
+  } catch (const std::exception&) {
+    return false;  // the run's own gpurun reports a config that does not parse
+  }
+}
+
+/// The last "gpurun error ..." line of a run's stderr.log (else its last line), for the report.
+std::string last_error_line(const std::string& path) {
+  std::string text;
+  try {
+    text = fs::read_file(path);
+  } catch (const IoError&) {
+    return "";
+  }
+  if (text.size() > 16384) text = text.substr(text.size() - 16384);
+  std::string last, error;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find_first_of("\r\n", start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    if (!line.empty()) {
+      last = line;
+      if (line.find("gpurun error") != std::string::npos) error = line;
+    }
+    start = end + 1;
+  }
+  std::string out = error.empty() ? last : error;
+  // Colour codes of spdlog's terminal sink, if any.
+  std::string clean;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == '\x1b') {
+      while (i < out.size() && out[i] != 'm') ++i;
+      continue;
+    }
+    clean += out[i];
+  }
+  return clean.substr(0, 500);
+}
+
+std::string describe_exit(int exit_code, int signal) {
+  if (signal != 0) return "was killed by " + signal_name(signal);
+  switch (exit_code) {
+    case kExitUsage:
+      return "exited 2 (usage or config error, not retried)";
+    case kExitNoResume:
+      return "exited 3 (cannot resume, not retried)";
+    case 127:
+      return "exited 127 (the gpurun binary could not be executed)";
+    default:
+      return "exited " + std::to_string(exit_code);
+  }
+}
+
+class QueueRunner {
+ public:
+  QueueRunner(const QueueFile& queue, const QueueOptions& options, std::ostream& out)
+      : queue_(queue), options_(options), out_(out) {}
+
+  int run() {
+    if (options_.parallel < 1)
+      throw ConfigError("--parallel must be >= 1, got " + std::to_string(options_.parallel));
+    if (options_.max_restarts < 0)
+      throw ConfigError("--max-restarts must be >= 0, got " +
+                        std::to_string(options_.max_restarts));
+    const std::string& dir = options_.dir;
+    fs::make_dirs(dir + "/runs");
+    QueueLock lock(dir);
+    load_state();
+    devices_ = cuda_devices(current_environment());
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    threads_ = std::max(1u, hw / static_cast<unsigned>(options_.parallel));
+    if (!devices_.empty() && static_cast<int>(devices_.size()) < options_.parallel)
+      spdlog::warn("queue: --parallel {} on {} CUDA device(s): runs share devices",
+                   options_.parallel, devices_.size());
+    slots_.resize(static_cast<size_t>(options_.parallel));
+    for (size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].device = devices_.empty() ? "" : devices_[i % devices_.size()];
+    retry_at_.assign(state_.runs.size(), Clock::time_point{});
+    save();
+    spdlog::info("queue: {} run(s) in {}, {} at a time on {}", state_.runs.size(), dir,
+                 options_.parallel,
+                 !devices_.empty()       ? fmt::format("{} CUDA device(s)", devices_.size())
+                 : options_.parallel > 1 ? fmt::format("CPU ({} thread(s) each)", threads_)
+                                         : std::string("CPU"));
+
+    while (true) {
+      if (stop_signal() != 0 && !state_.stopping) forward_stop();
+      reap();
+      if (!state_.stopping) fill_slots();
+      const bool busy =
+          std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.run >= 0; });
+      if (!busy && (state_.stopping || !work_left())) break;
+      std::this_thread::sleep_for(kPoll);
+    }
+    save();
+    const std::vector<SummaryRow> rows = summary_rows(dir, state_);
+    write_summary(dir, rows);
+    print_summary_table(rows, out_);
+    out_ << "summary: " << dir << "/summary.csv, " << dir << "/summary.json\n";
+    if (state_.stopping) return kExitSignal;
+    for (const RunRecord& r : state_.runs)
+      if (r.state != RunState::kFinished) return kExitFailure;
+    return kExitOk;
+  }
+
+ private:
+  struct Slot {
+    std::string device;  ///< CUDA_VISIBLE_DEVICES for its children; "" on CPU
+    int run = -1;        ///< index into state_.runs; -1 when free
+    pid_t pid = -1;
+    Clock::time_point start;
+  };
+
+  /// queue.json merged with the queue file: runs by name, their states carried over.
+  void load_state() {
+    std::optional<QueueState> old = read_queue_state(options_.dir);
+    state_ = QueueState{};
+    state_.queue_file = queue_.path;
+    state_.host = host_name();
+    state_.pid = ::getpid();
+    state_.parallel = options_.parallel;
+    for (const QueueRun& q : queue_.runs) {
+      RunRecord rec;
+      rec.name = q.name;
+      rec.seed = q.seed;
+      rec.config = q.config_path;
+      rec.sets = q.sets;
+      if (old) {
+        for (const RunRecord& o : old->runs) {
+          if (o.name != q.name) continue;
+          const bool started = o.attempts > 0 || o.state != RunState::kPending;
+          if (started && (o.config != q.config_path || o.sets != q.sets))
+            throw ConfigError("run " + q.name + " in " + options_.dir + " was started as " +
+                              o.config + describe_sets(o.sets) + ", but " + queue_.path +
+                              " now gives " + q.config_path + describe_sets(q.sets) +
+                              ": a started run keeps its definition; use another --dir, or "
+                              "give the changed run a name of its own");
+          rec = o;
+          rec.pid = 0;
+          if (rec.state == RunState::kRunning) rec.state = RunState::kInterrupted;
+        }
+      }
+      // The run's own record wins over ours: a queue killed after its child's exit 0 but
+      // before queue.json was written must not train that run again.
+      if (rec.state != RunState::kFinished) {
+        const RunMetrics m = read_run_metrics(run_dir_of(options_.dir, rec.name));
+        if (m.done_exit_code && *m.done_exit_code == 0) {
+          rec.state = RunState::kFinished;
+          rec.exit_code = 0;
+          rec.signal = 0;
+          rec.error.clear();
+        }
+      }
+      state_.runs.push_back(std::move(rec));
+    }
+    if (old) {
+      for (const RunRecord& o : old->runs) {
+        const bool kept = std::any_of(queue_.runs.begin(), queue_.runs.end(),
+                                      [&](const QueueRun& q) { return q.name == o.name; });
+        if (!kept)
+          spdlog::warn("queue: run {} ({}) is no longer in {}; its directory {} stays", o.name,
+                       run_state_name(o.state), queue_.path, run_dir_of(options_.dir, o.name));
+      }
+    }
+  }
+
+  static std::string describe_sets(const std::vector<std::string>& sets) {
+    std::string out;
+    for (const std::string& s : sets) out += " --set " + s;
+    return out;
+  }
+
+  void save() { write_queue_state(options_.dir, state_); }
+
+  bool work_left() const {
+    return std::any_of(state_.runs.begin(), state_.runs.end(), [](const RunRecord& r) {
+      return r.state == RunState::kPending || r.state == RunState::kInterrupted;
+    });
+  }
+
+  void fill_slots() {
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      if (slots_[s].run >= 0) continue;
+      const int next = next_runnable();
+      if (next < 0) return;
+      start(slots_[s], next);
+    }
+  }
+
+  int next_runnable() const {
+    const Clock::time_point now = Clock::now();
+    for (size_t i = 0; i < state_.runs.size(); ++i) {
+      const RunRecord& r = state_.runs[i];
+      const bool waiting = r.state == RunState::kPending || r.state == RunState::kInterrupted;
+      const bool taken = std::any_of(slots_.begin(), slots_.end(),
+                                     [&](const Slot& s) { return s.run == static_cast<int>(i); });
+      if (waiting && !taken && retry_at_[i] <= now) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  void start(Slot& slot, int index) {
+    RunRecord& r = state_.runs[static_cast<size_t>(index)];
+    const std::string run_dir = run_dir_of(options_.dir, r.name);
+    fs::make_dirs(run_dir);
+    if (r.attempts == 0 && devices_.empty() && options_.parallel > 1 &&
+        !has_key(r.sets, "train.threads") && !config_sets_threads(r.config))
+      r.queue_sets = {"train.threads=" + std::to_string(threads_)};
+    std::vector<std::string> sets = r.sets;
+    sets.insert(sets.end(), r.queue_sets.begin(), r.queue_sets.end());
+    const std::vector<std::string> argv =
+        run_argv(options_.binary, options_.dir, r.name, r.config, sets);
+    std::map<std::string, std::string> extra;
+    if (!slot.device.empty()) extra["CUDA_VISIBLE_DEVICES"] = slot.device;
+    std::string command;
+    for (const std::string& a : argv) command += (command.empty() ? "" : " ") + a;
+    const bool resumed = r.state == RunState::kInterrupted;
+    const std::string header =
+        fmt::format("gpurun queue: {} {} (attempt {}, restart {}/{}) on {} at {}: {}\n",
+                    resumed ? "resuming" : "starting", r.name, r.attempts + 1, r.restarts,
+                    options_.max_restarts, slot.device.empty() ? "cpu" : "cuda " + slot.device,
+                    unix_seconds(), command);
+    const int out_fd = open_log(run_dir + "/stdout.log");
+    const int err_fd = open_log(run_dir + "/stderr.log");
+    const ssize_t ignored = ::write(err_fd, header.data(), header.size());
+    (void)ignored;
+    Child child;
+    try {
+      child = spawn_to_files(argv, child_environment(extra, {}, r.restarts), out_fd, err_fd);
+    } catch (...) {
+      ::close(out_fd);
+      ::close(err_fd);
+      throw;
+    }
+    ::close(out_fd);
+    ::close(err_fd);
+    spdlog::info("queue: {} {} (pid {}{}); log {}/stderr.log", resumed ? "resuming" : "starting",
+                 r.name, child.pid, slot.device.empty() ? "" : ", CUDA device " + slot.device,
+                 run_dir);
+    ++r.attempts;
+    if (r.started == 0) r.started = unix_seconds();
+    r.state = RunState::kRunning;
+    r.pid = child.pid;
+    r.device = slot.device.empty() ? "cpu" : "cuda:" + slot.device;
+    slot.run = index;
+    slot.pid = child.pid;
+    slot.start = Clock::now();
+    save();
+  }
+
+  int open_log(const std::string& path) const {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError("open", path, errno);
+    return fd;
+  }
+
+  void reap() {
+    for (Slot& slot : slots_) {
+      if (slot.run < 0) continue;
+      int status = 0;
+      const pid_t got = ::waitpid(slot.pid, &status, WNOHANG);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw IoError("waitpid", options_.binary, errno);
+      if (got != slot.pid) continue;
+      ended(slot, status);
+    }
+  }
+
+  void ended(Slot& slot, int status) {
+    const size_t index = static_cast<size_t>(slot.run);
+    RunRecord& r = state_.runs[index];
+    const std::string run_dir = run_dir_of(options_.dir, r.name);
+    r.wall_seconds += seconds_since(slot.start);
+    r.ended = unix_seconds();
+    r.pid = 0;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    slot.run = -1;
+    slot.pid = -1;
+    const bool stopping = state_.stopping || stop_signal() != 0;
+    const std::string how = describe_exit(r.exit_code, r.signal);
+    if (r.exit_code == kExitOk) {
+      r.state = RunState::kFinished;
+      r.error.clear();
+      spdlog::info("queue: {} finished in {}", r.name, format_duration(r.wall_seconds));
+    } else if (stopping && (r.exit_code == kExitSignal || r.signal != 0)) {
+      r.state = RunState::kInterrupted;
+      spdlog::warn("queue: {} stopped ({}); the same command resumes it", r.name, how);
+    } else if (r.exit_code == kExitUsage || r.exit_code == kExitNoResume || r.exit_code == 127) {
+      fail(r, how);
+    } else if (r.restarts < options_.max_restarts) {
+      ++r.restarts;
+      r.state = RunState::kInterrupted;
+      const double wait =
+          std::min(options_.backoff_max,
+                   options_.backoff_initial * double(1 << std::min(r.restarts - 1, 20)));
+      retry_at_[index] = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(wait));
+      r.error = how + ": " + last_error_line(run_dir + "/stderr.log");
+      spdlog::warn("queue: {} {}; restarting it with --resume in {} s (restart {}/{}): {}", r.name,
+                   how, wait, r.restarts, options_.max_restarts,
+                   last_error_line(run_dir + "/stderr.log"));
+    } else {
+      fail(r, how + (options_.max_restarts > 0 ? ", restarts used up" : ""));
+    }
+    save();
+  }
+
+  void fail(RunRecord& r, const std::string& how) {
+    r.state = RunState::kFailed;
+    const std::string log = run_dir_of(options_.dir, r.name) + "/stderr.log";
+    const std::string line = last_error_line(log);
+    r.error = how + (line.empty() ? "" : ": " + line);
+    spdlog::error("queue: {} failed: {} (see {}); the other runs go on", r.name, r.error, log);
+  }
+
+  void forward_stop() {
+    const int sig = stop_signal();
+    state_.stopping = true;
+    // SIGINT goes on as SIGTERM: a child that got two SIGINTs would stop without saving.
+    const int forward = sig == SIGINT ? SIGTERM : sig;
+    int running = 0;
+    for (const Slot& s : slots_) {
+      if (s.run < 0) continue;
+      ::kill(-s.pid, forward);  // its process group: the run and any worker it started
+      ++running;
+    }
+    spdlog::warn("queue: {} received; forwarding {} to {} running run(s), starting no other",
+                 signal_name(sig), signal_name(forward), running);
+    save();
+  }
+
+  const QueueFile& queue_;
+  const QueueOptions& options_;
+  std::ostream& out_;
+  QueueState state_;
+  std::vector<Slot> slots_;
+  std::vector<Clock::time_point> retry_at_;
+  std::vector<std::string> devices_;
+  unsigned threads_ = 1;
+};
+
+}  // namespace
+
+std::vector<std::string> cuda_devices(const std::map<std::string, std::string>& env,
+                                      const std::string& dev_dir) {
+  std::vector<std::string> out;
+  const auto it = env.find("CUDA_VISIBLE_DEVICES");
+  if (it != env.end()) {
+    const std::string& v = it->second;
+    size_t start = 0;
+    while (start <= v.size()) {
+      size_t end = v.find(',', start);
+      if (end == std::string::npos) end = v.size();
+      std::string entry = v.substr(start, end - start);
+      entry.erase(0, entry.find_first_not_of(' '));
+      entry.erase(entry.find_last_not_of(' ') + 1);
+      if (entry.empty() || entry == "-1") break;  // CUDA ignores what follows an invalid one
+      out.push_back(entry);
+      start = end + 1;
+    }
+    return out;
+  }
+  std::vector<int> numbers;
+  for (const std::string& name : fs::list_dir(dev_dir)) {
+    if (name.size() <= 6 || name.rfind("nvidia", 0) != 0) continue;
+    const std::string digits = name.substr(6);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 4) continue;
+    numbers.push_back(std::stoi(digits));
+  }
+  std::sort(numbers.begin(), numbers.end());
+  for (int n : numbers) out.push_back(std::to_string(n));
+  return out;
+}
+
+std::vector<std::string> run_argv(const std::string& binary, const std::string& dir,
+                                  const std::string& name, const std::string& config,
+                                  const std::vector<std::string>& sets) {
+  std::vector<std::string> argv{binary, "run", config, "--ckpt", run_dir_of(dir, name), "--resume"};
+  for (const std::string& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  return argv;
+}
+
+int run_queue(const QueueFile& queue, const QueueOptions& options, std::ostream& out) {
+  return QueueRunner(queue, options, out).run();
+}
+
+}  // namespace gpurun
