@@ -113,19 +113,21 @@ std::string config_path(const Context& c, const YAML::Node& n, const std::string
   return out;
 }
 
+bool name_char(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+         ch == '.' || ch == '_' || ch == '-';
+}
+
 bool valid_name(const std::string& name) {
   if (name.empty() || name.size() > 100 || name[0] == '.') return false;
-  return std::all_of(name.begin(), name.end(), [](char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           ch == '.' || ch == '_' || ch == '-';
-  });
+  return std::all_of(name.begin(), name.end(), name_char);
 }
 
 /// A default name from a config's file name: its stem, other characters as '_'.
 std::string stem_name(const std::string& config) {
   std::string stem = stdfs::path(config).stem().string();
   for (char& ch : stem)
-    if (!valid_name(std::string(1, ch))) ch = '_';
+    if (!name_char(ch)) ch = '_';
   if (stem.empty() || stem[0] == '.') stem = "run" + stem;
   return stem.substr(0, 80);
 }
@@ -199,7 +201,7 @@ QueueFile parse_queue_text(const std::string& text, const std::string& source,
         runs.push_back(std::move(p));
       }
     }
-    if (runs.empty() && !top_config.empty()) {
+    if (!root["seeds"] && !root["runs"] && !top_config.empty()) {
       // A config alone (with its set:) is a queue of one run.
       runs.push_back({{stem_name(top_config), top_config, top_sets, std::nullopt}, false, root});
     }
