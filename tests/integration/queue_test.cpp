@@ -1,7 +1,7 @@
 // `gpurun queue` on the real binary (queue/queue_runner.h): a queue SIGKILLed mid-run and
 // started again trains every run exactly once, --parallel runs at once, a failed run does not
-// stop the others, a restart after exit 1, a stop signal and a second queue on a live DIR, and
-// a typo in the queue file.
+// stop the others, a restart after exit 1, a stop signal and a second queue on a live DIR, a
+// run stopped alone, and a typo in the queue file.
 #include <signal.h>
 
 #include <algorithm>
@@ -223,6 +223,31 @@ TEST(Queue, ASecondQueueOnALiveDirIsRefusedAndSigtermStopsTheQueueWith75) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(events(qdir + "/runs/seed-1", "resume").size(), 1u);
   EXPECT_TRUE(events(qdir + "/runs/seed-2", "resume").empty());
+}
+
+TEST(Queue, ARunStoppedAloneIsLeftForTheNextInvocationAndTheOthersGoOn) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(400, 20, 3));
+  const std::string queue = seeds_queue(dir, config, "1, 2");
+  const std::string qdir = dir / "q";
+  const std::vector<std::string> args{"queue", queue, "--dir", qdir, "--max-restarts", "3"};
+  const pid_t pid = start_gpurun(args, dir / "first", kSlow);
+  ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-1", pid, "", 120));
+  const int64_t child = run_record(qdir, "seed-1").value("pid", int64_t{0});
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(kill(static_cast<pid_t>(child), SIGTERM), 0);  // that run alone, not the queue
+  const Result first = wait_gpurun(pid, dir / "first");
+  EXPECT_EQ(first.exit_code, 75) << first.err;  // a run is left to continue
+  const nlohmann::json rec = run_record(qdir, "seed-1");
+  EXPECT_EQ(rec.value("state", ""), "interrupted");
+  EXPECT_EQ(rec.value("restarts", -1), 0);  // saved and stopped: not a failure to restart
+  EXPECT_EQ(rec.value("attempts", 0), 1);
+  EXPECT_EQ(run_record(qdir, "seed-2").value("state", ""), "finished");
+
+  const Result r = run_gpurun(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(events(qdir + "/runs/seed-1", "resume").size(), 1u);
+  EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 1);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "queue/queue_runner.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <thread>
@@ -41,6 +43,15 @@ class QueueLock {
     if (fd_ < 0) throw IoError("open", path_, errno);
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
+      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
+        // A network file system without locks (NFSv3 without lockd): the queue still runs,
+        // and each run's checkpoint lease still keeps two writers out of its directory.
+        spdlog::warn(
+            "queue: {} cannot be locked ({}): a second queue on this directory would "
+            "not be refused",
+            path_, std::strerror(err));
+        return;
+      }
       ::close(fd_);
       if (err != EWOULDBLOCK) throw IoError("flock", path_, err);
       std::string holder;
@@ -67,6 +78,16 @@ class QueueLock {
   std::string path_;
   int fd_ = -1;
 };
+
+/// The CPUs this process may run on (its affinity mask: a container's or Slurm's cpuset), else
+/// hardware_concurrency(); at least 1.
+unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<unsigned>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 bool has_key(const std::vector<std::string>& sets, const std::string& key) {
   for (const std::string& s : sets)
@@ -148,7 +169,7 @@ class QueueRunner {
     QueueLock lock(dir);
     load_state();
     devices_ = cuda_devices(current_environment());
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned hw = usable_cpus();
     threads_ = std::max(1u, hw / static_cast<unsigned>(options_.parallel));
     if (!devices_.empty() && static_cast<int>(devices_.size()) < options_.parallel)
       spdlog::warn("queue: --parallel {} on {} CUDA device(s): runs share devices",
@@ -157,6 +178,7 @@ class QueueRunner {
     for (size_t i = 0; i < slots_.size(); ++i)
       slots_[i].device = devices_.empty() ? "" : devices_[i % devices_.size()];
     retry_at_.assign(state_.runs.size(), Clock::time_point{});
+    held_.assign(state_.runs.size(), false);
     save();
     spdlog::info("queue: {} run(s) in {}, {} at a time on {}", state_.runs.size(), dir,
                  options_.parallel,
@@ -178,10 +200,15 @@ class QueueRunner {
     write_summary(dir, rows);
     print_summary_table(rows, out_);
     out_ << "summary: " << dir << "/summary.csv, " << dir << "/summary.json\n";
+    bool failed = false, unfinished = false;
+    for (const RunRecord& r : state_.runs) {
+      failed = failed || r.state == RunState::kFailed;
+      unfinished = unfinished || r.state != RunState::kFinished;
+    }
+    // A stop first: a scheduler that requeues on 75 (Slurm --requeue) must run the rest.
     if (state_.stopping) return kExitSignal;
-    for (const RunRecord& r : state_.runs)
-      if (r.state != RunState::kFinished) return kExitFailure;
-    return kExitOk;
+    if (failed) return kExitFailure;
+    return unfinished ? kExitSignal : kExitOk;  // a run left interrupted: run again
   }
 
  private:
@@ -254,9 +281,11 @@ class QueueRunner {
   void save() { write_queue_state(options_.dir, state_); }
 
   bool work_left() const {
-    return std::any_of(state_.runs.begin(), state_.runs.end(), [](const RunRecord& r) {
-      return r.state == RunState::kPending || r.state == RunState::kInterrupted;
-    });
+    for (size_t i = 0; i < state_.runs.size(); ++i) {
+      const RunState s = state_.runs[i].state;
+      if ((s == RunState::kPending || s == RunState::kInterrupted) && !held_[i]) return true;
+    }
+    return false;
   }
 
   void fill_slots() {
@@ -275,7 +304,7 @@ class QueueRunner {
       const bool waiting = r.state == RunState::kPending || r.state == RunState::kInterrupted;
       const bool taken = std::any_of(slots_.begin(), slots_.end(),
                                      [&](const Slot& s) { return s.run == static_cast<int>(i); });
-      if (waiting && !taken && retry_at_[i] <= now) return static_cast<int>(i);
+      if (waiting && !taken && !held_[i] && retry_at_[i] <= now) return static_cast<int>(i);
     }
     return -1;
   }
@@ -367,6 +396,15 @@ class QueueRunner {
     } else if (stopping && (r.exit_code == kExitSignal || r.signal != 0)) {
       r.state = RunState::kInterrupted;
       spdlog::warn("queue: {} stopped ({}); the same command resumes it", r.name, how);
+    } else if (r.exit_code == kExitSignal) {
+      // Someone stopped this run alone (a `kill` of its pid to free its device): it saved, and
+      // is not restarted behind their back; the same command resumes it.
+      r.state = RunState::kInterrupted;
+      held_[index] = true;
+      spdlog::warn(
+          "queue: {} was stopped by a signal the queue did not get (exit 75); it is "
+          "not restarted now: the same command resumes it",
+          r.name);
     } else if (r.exit_code == kExitUsage || r.exit_code == kExitNoResume || r.exit_code == 127) {
       fail(r, how);
     } else if (r.restarts < options_.max_restarts) {
@@ -417,6 +455,7 @@ class QueueRunner {
   QueueState state_;
   std::vector<Slot> slots_;
   std::vector<Clock::time_point> retry_at_;
+  std::vector<bool> held_;  ///< stopped on its own: left for the next invocation
   std::vector<std::string> devices_;
   unsigned threads_ = 1;
 };

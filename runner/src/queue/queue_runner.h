@@ -11,10 +11,12 @@
 //
 // Rules:
 // - A child that exits 0 is finished. Exit 2 (config error) and 3 (cannot resume) fail the run
-//   at once: retrying cannot help (docs/architecture.md, "Exit codes"). Any other exit, a death
-//   by a signal the queue did not send, and exit 75 after a signal the queue did not get, are
-//   restarted with --resume up to max_restarts times (1 s, 2 s, 4 s, ... apart, at most 30 s;
-//   the other slots go on meanwhile), then fail the run. A failed run never stops the others.
+//   at once: retrying cannot help (docs/architecture.md, "Exit codes"). Any other exit and a
+//   death by a signal the queue did not send are restarted with --resume up to max_restarts
+//   times (1 s, 2 s, 4 s, ... apart, at most 30 s; the other slots go on meanwhile), then fail
+//   the run. A failed run never stops the others and stays failed in DIR. Exit 75 without a
+//   stop signal to the queue (someone stopped that run alone) leaves the run interrupted for
+//   the next invocation, without a restart now.
 // - A stop signal to the queue (SIGTERM, SIGINT, ...; util/signals.h) starts no new run and is
 //   forwarded to every running child (SIGINT as SIGTERM: a second SIGINT means "stop without
 //   saving"), which saves and exits 75; those runs are recorded interrupted and the queue exits
@@ -23,9 +25,10 @@
 //   checkpoint lease for long.
 // - Devices: with CUDA devices (cuda_devices()), slot i's child gets CUDA_VISIBLE_DEVICES set
 //   to the (i mod count)-th; on CPU with N > 1 each child gets train.threads =
-//   max(1, hardware threads / N) unless its config or its sets give train.threads. The count
-//   is fixed at a run's first start, so that its resumes train with the same threads (bit
-//   identity on CPU, docs/architecture.md "Determinism").
+//   max(1, CPUs / N) (the CPUs of our affinity mask: a container's or Slurm's) unless its
+//   config or its sets give train.threads. The count is fixed at a run's first start, so that
+//   its resumes train with the same threads (bit identity on CPU, docs/architecture.md
+//   "Determinism").
 // - A finished or started run keeps its definition: a queue file that changes a started run's
 //   config or sets is refused; a new run added to the file is simply pending.
 // - DIR is flock(2)ed (DIR/queue.lock) for the queue's lifetime: a second queue on DIR is
@@ -55,7 +58,8 @@ struct QueueOptions {
 
 /// Runs the queue until every run is finished or failed, or a stop signal ends it. Prints the
 /// summary table to `out` and writes DIR/summary.csv and .json (queue_summary.h). Returns 0
-/// when every run finished, 1 when one failed, 75 when stopped by a signal. Throws ConfigError
+/// when every run finished; 75 when stopped by a signal (the same command continues); else 1
+/// when one failed; else 75 when a run was left interrupted. Throws ConfigError
 /// (exit 2) for parallel < 1, max_restarts < 0, DIR held by a live queue, or a queue file that
 /// changes a started run; IoError when DIR cannot be written.
 int run_queue(const QueueFile& queue, const QueueOptions& options, std::ostream& out);
