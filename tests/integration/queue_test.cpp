@@ -86,6 +86,14 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
     if (j.value("event", "") == "resume") break;
     if (j.value("event", "") == "checkpoint") last_saved = j.value("global_step", int64_t{-1});
   }
+  // The killed queue's child got SIGTERM (PR_SET_PDEATHSIG), saved and exited 75 by itself.
+  const std::vector<nlohmann::json> signals = events(run2, "signal");
+  ASSERT_EQ(signals.size(), 1u);
+  EXPECT_EQ(signals[0].value("signal", 0), SIGTERM);
+  const std::vector<nlohmann::json> dones = events(run2, "done");
+  ASSERT_EQ(dones.size(), 2u);
+  EXPECT_EQ(dones[0].value("exit_code", 0), 75);
+  EXPECT_EQ(dones[1].value("exit_code", 1), 0);
   EXPECT_GE(last_saved, 20);  // at least the first epoch's 20 steps
   EXPECT_EQ(resumes[0].value("global_step", int64_t{-2}), last_saved);
   EXPECT_EQ(epochs_of(run2).back(), 2);
