@@ -60,6 +60,12 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   const Result killed = wait_gpurun(pid, dir / "first");
   EXPECT_EQ(killed.signal, SIGKILL);
   EXPECT_EQ(run_record(qdir, "seed-2").value("state", ""), "running");
+  // gpurun status sees that the queue is gone: its running run is interrupted.
+  const Result gone = run_gpurun({"status", qdir});
+  EXPECT_EQ(gone.exit_code, 0) << gone.err;
+  EXPECT_TRUE(contains(gone.out, "not running")) << gone.out;
+  EXPECT_TRUE(contains(gone.out, "interrupted")) << gone.out;
+  EXPECT_TRUE(contains(gone.out, "runs are left")) << gone.out;
 
   // The same command: its child waits for the killed queue's child to save and let the lease go.
   const pid_t again = start_gpurun(args, dir / "second", kSlow);

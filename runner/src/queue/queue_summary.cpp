@@ -168,9 +168,20 @@ int queue_status(const std::string& dir, bool json, std::ostream& out) {
       << "queue file  " << state->queue_file << "\n"
       << "queue       " << live << ", updated " << format_duration(unix_seconds() - state->updated)
       << " ago, " << state->parallel << " at a time\n\n";
-  print_summary_table(rows, out);
+  // A run recorded running under a queue that is gone was interrupted: the same command
+  // resumes it (queue_runner.h).
+  std::vector<SummaryRow> shown = rows;
+  if (live == "not running") {
+    for (SummaryRow& row : shown)
+      if (row.run.state == RunState::kRunning) row.run.state = RunState::kInterrupted;
+  }
+  print_summary_table(shown, out);
+  if (live == "not running" && std::any_of(shown.begin(), shown.end(), [](const SummaryRow& r) {
+        return r.run.state == RunState::kInterrupted || r.run.state == RunState::kPending;
+      }))
+    out << "runs are left: the queue's own command continues them\n";
   for (const RunRecord& r : state->runs) {
-    if (r.state != RunState::kRunning) continue;
+    if (r.state != RunState::kRunning || live == "not running") continue;
     const nlohmann::json s = run_status(r);
     if (s.is_null()) continue;
     auto text = [&](const char* key) { return s.contains(key) ? s[key].dump() : "?"; };

@@ -134,6 +134,15 @@ TEST_F(QueueFileTest, LoadResolvesConfigsFromTheQueueFilesFolder) {
   EXPECT_THROW(load_queue_file(dir_ / "none.yaml"), ConfigError);
 }
 
+TEST(QueueFile, TheExampleQueueParses) {
+  const QueueFile q = load_queue_file(std::string(GPURUN_SOURCE_DIR) + "/examples/queue.yaml");
+  ASSERT_EQ(q.runs.size(), 4u);
+  EXPECT_EQ(q.runs[3].name, "lr-3e-3");
+  EXPECT_EQ(q.runs[3].config_path, std::string(GPURUN_SOURCE_DIR) + "/examples/fashion_mnist.yaml");
+  EXPECT_EQ(q.runs[3].sets,
+            (std::vector<std::string>{"train.epochs=3", "optim.lr=0.003", "train.seed=1"}));
+}
+
 TEST(QueueState, RoundTripsThroughQueueJson) {
   TempDir dir("queue-state");
   EXPECT_FALSE(read_queue_state(dir.path()).has_value());
