@@ -2,6 +2,7 @@
 // started again trains every run exactly once, --parallel runs at once, a failed run does not
 // stop the others, a restart after exit 1, a stop signal and a second queue on a live DIR, a
 // run stopped alone, and a typo in the queue file.
+#include <sched.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -140,11 +141,17 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
 TEST(Queue, ParallelTwoRunsTwoRunsAtOnce) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(300, 20, 2));
-  const std::string queue = seeds_queue(dir, config, "1, 2");
+  // A config that leaves train.threads to the queue: it gets its share of the CPUs.
+  std::string yaml = small_config(300, 20, 2);
+  const std::string fixed = ", threads: 1";
+  yaml.erase(yaml.find(fixed), fixed.size());
+  write_config(dir, yaml, "open.yaml");
+  const std::string queue =
+      seeds_queue(dir, config, "1", "runs:\n  - {config: open.yaml, name: split}\n");
   const std::string qdir = dir / "q";
   const Result r = run_gpurun({"queue", queue, "--dir", qdir, "--parallel", "2"}, kSlow);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const nlohmann::json a = run_record(qdir, "seed-1"), b = run_record(qdir, "seed-2");
+  const nlohmann::json a = run_record(qdir, "seed-1"), b = run_record(qdir, "split");
   const double start_a = a.value("started", 0.0), end_a = a.value("ended", 0.0);
   const double start_b = b.value("started", 0.0), end_b = b.value("ended", 0.0);
   ASSERT_GT(start_a, 0);
@@ -154,6 +161,15 @@ TEST(Queue, ParallelTwoRunsTwoRunsAtOnce) {
   EXPECT_LT(start_b, end_a);
   EXPECT_LT(std::max(start_a, start_b), std::min(end_a, end_b) - 0.5)
       << "the overlap should be most of a run";
+
+  // Threads: the config's own 1 is kept; the open one gets max(1, CPUs / 2).
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+  const std::string share = "train.threads=" + std::to_string(std::max(1, CPU_COUNT(&cpus) / 2));
+  EXPECT_TRUE(a["queue_set"].empty()) << a.dump();
+  EXPECT_EQ(b["queue_set"], nlohmann::json::array({share})) << b.dump();
+  EXPECT_TRUE(contains(slurp(qdir + "/runs/split/stderr.log"), "--set " + share));
 }
 
 TEST(Queue, ARunWithAConfigErrorIsReportedAndTheOthersFinish) {
