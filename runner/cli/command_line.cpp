@@ -40,7 +40,7 @@ const char* const kUsage =
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
-    "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N]\n"
+    "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
     "  gpurun export CKPT_DIR --to FILE [--merge-lora]";
 
 const char* const kFooter = R"(
@@ -143,8 +143,10 @@ Command parse_command_line(int argc, const char* const argv[]) {
     cmd.dir = r["dir"].as<std::string>();
     cmd.parallel = r["parallel"].as<int>();
     cmd.launch.max_restarts = r["max-restarts"].as<int>();
+    cmd.launch.hang_timeout = r["hang-timeout"].as<double>();
     if (cmd.parallel < 1) usage_error("--parallel must be >= 1");
     if (cmd.launch.max_restarts < 0) usage_error("--max-restarts must be >= 0");
+    if (cmd.launch.hang_timeout < 0) usage_error("--hang-timeout must be >= 0");
     return cmd;
   }
   if (first == "export") {
@@ -214,7 +216,8 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
     case Command::Kind::kExport:
       return export_command(cmd.dir, cmd.to, out, cmd.merge_lora);
     case Command::Kind::kQueue:
-      return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts, out);
+      return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
+                           cmd.launch.hang_timeout, out);
     case Command::Kind::kPlan: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       load_configured_plugin(config, registry);

@@ -23,7 +23,7 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
     {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},
-    {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", true},
+    {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts; queue: per run, a hang is a failure)", true},
     {kRun, "memory-limit", T::kString, "SIZE", "", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator"},
     {kDistributed, "nproc-per-node", T::kInt, "N", "", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", true},
     {kDistributed, "nnodes", T::kInt, "N", "", "nodes in the job", true},

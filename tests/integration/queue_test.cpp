@@ -1,11 +1,12 @@
 // `gpurun queue` on the real binary (queue/queue_runner.h): a queue SIGKILLed mid-run and
 // started again trains every run exactly once, --parallel runs at once, a failed run does not
-// stop the others, a restart after exit 1, a stop signal and a second queue on a live DIR, a
-// run stopped alone, and a typo in the queue file.
+// stop the others, a restart after exit 1 or a hang, a stop signal and a second queue on a live
+// DIR, a run stopped alone, and a typo in the queue file.
 #include <sched.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <sstream>
 
@@ -223,6 +224,26 @@ TEST(Queue, ARunThatExits1IsRestartedWithResumeUpToMaxRestarts) {
   EXPECT_EQ(rec.value("state", ""), "finished");
   EXPECT_EQ(rec.value("restarts", 0), 1);
   EXPECT_EQ(events(dir / "q1/runs/seed-1", "resume").size(), 1u);
+}
+
+TEST(Queue, AHungRunIsKilledAfterHangTimeoutAndRestarted) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(200, 20, 1));
+  const std::string queue = seeds_queue(dir, config, "1");
+  // The first attempt hangs after step 3 (for 10 minutes); the restart runs clean.
+  const Env hangs{{"GPURUN_FAULT", "sleep600000:after_step:3"}};
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run_gpurun(
+      {"queue", queue, "--dir", dir / "q", "--max-restarts", "1", "--hang-timeout", "3"}, hangs);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(seconds, 60);
+  EXPECT_TRUE(contains(r.err, "made no progress for 3 s")) << r.err;
+  const nlohmann::json rec = run_record(dir / "q", "seed-1");
+  EXPECT_EQ(rec.value("state", ""), "finished");
+  EXPECT_EQ(rec.value("restarts", 0), 1);
+  EXPECT_EQ(rec.value("attempts", 0), 2);
 }
 
 TEST(Queue, ASecondQueueOnALiveDirIsRefusedAndSigtermStopsTheQueueWith75) {

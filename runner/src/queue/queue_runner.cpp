@@ -164,6 +164,9 @@ class QueueRunner {
     if (options_.max_restarts < 0)
       throw ConfigError("--max-restarts must be >= 0, got " +
                         std::to_string(options_.max_restarts));
+    if (options_.hang_timeout < 0)
+      throw ConfigError("--hang-timeout must be >= 0, got " +
+                        std::to_string(options_.hang_timeout));
     const std::string& dir = options_.dir;
     fs::make_dirs(dir + "/runs");
     QueueLock lock(dir);
@@ -189,6 +192,7 @@ class QueueRunner {
     while (true) {
       if (stop_signal() != 0 && !state_.stopping) forward_stop();
       reap();
+      watchdog();
       if (!state_.stopping) fill_slots();
       const bool busy =
           std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.run >= 0; });
@@ -217,11 +221,23 @@ class QueueRunner {
     int run = -1;        ///< index into state_.runs; -1 when free
     pid_t pid = -1;
     Clock::time_point start;
+    HeartbeatKey beat;                ///< the run's heartbeat file as last seen
+    Clock::time_point last_progress;  ///< when it last changed (or the child started)
+    bool hung = false;                ///< the watchdog killed it
   };
 
   /// queue.json merged with the queue file: runs by name, their states carried over.
   void load_state() {
-    std::optional<QueueState> old = read_queue_state(options_.dir);
+    std::optional<QueueState> old;
+    try {
+      old = read_queue_state(options_.dir);
+    } catch (const IoError&) {
+      throw;  // the storage failed: retried by whoever restarts us
+    } catch (const Error& e) {
+      // Not ours to repair: guessing the runs' states could train one twice.
+      throw ConfigError(std::string(e.what()) + ": " + options_.dir +
+                        " is not a queue directory of this gpurun; use another --dir");
+    }
     state_ = QueueState{};
     state_.queue_file = queue_.path;
     state_.host = host_name();
@@ -354,7 +370,9 @@ class QueueRunner {
     r.device = slot.device.empty() ? "cpu" : "cuda:" + slot.device;
     slot.run = index;
     slot.pid = child.pid;
-    slot.start = Clock::now();
+    slot.start = slot.last_progress = Clock::now();
+    slot.beat = heartbeat_key(heartbeat_path(run_dir, 0));
+    slot.hung = false;
     save();
   }
 
@@ -376,6 +394,28 @@ class QueueRunner {
     }
   }
 
+  /// Kills (SIGKILL: a hung process may not handle SIGTERM) the process group of a run whose
+  /// heartbeat file did not change for hang_timeout seconds; its end then counts as a failure.
+  /// Progress is a change seen during this attempt, timed by our clock (supervisor.h's rule).
+  void watchdog() {
+    if (options_.hang_timeout <= 0) return;
+    for (Slot& slot : slots_) {
+      if (slot.run < 0 || slot.hung) continue;
+      const RunRecord& r = state_.runs[static_cast<size_t>(slot.run)];
+      const HeartbeatKey now = heartbeat_key(heartbeat_path(run_dir_of(options_.dir, r.name), 0));
+      if (now != slot.beat) {
+        slot.beat = now;
+        slot.last_progress = Clock::now();
+        continue;
+      }
+      if (seconds_since(slot.last_progress) < options_.hang_timeout) continue;
+      spdlog::error("queue: {} made no progress for {} s (--hang-timeout); killing it", r.name,
+                    options_.hang_timeout);
+      ::kill(-slot.pid, SIGKILL);
+      slot.hung = true;
+    }
+  }
+
   void ended(Slot& slot, int status) {
     const size_t index = static_cast<size_t>(slot.run);
     RunRecord& r = state_.runs[index];
@@ -385,11 +425,15 @@ class QueueRunner {
     r.pid = 0;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    const bool hung = slot.hung;
     slot.run = -1;
     slot.pid = -1;
-    const bool stopping = state_.stopping || stop_signal() != 0;
-    const std::string how = describe_exit(r.exit_code, r.signal);
-    if (r.exit_code == kExitOk) {
+    slot.hung = false;
+    const bool stopping = (state_.stopping || stop_signal() != 0) && !hung;
+    const std::string how =
+        hung ? fmt::format("hung (no progress for {} s) and was killed", options_.hang_timeout)
+             : describe_exit(r.exit_code, r.signal);
+    if (r.exit_code == kExitOk && !hung) {
       r.state = RunState::kFinished;
       r.error.clear();
       spdlog::info("queue: {} finished in {}", r.name, format_duration(r.wall_seconds));

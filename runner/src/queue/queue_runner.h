@@ -48,9 +48,13 @@
 namespace gpurun {
 
 struct QueueOptions {
-  std::string dir;             ///< the queue directory; created when missing
-  int parallel = 1;            ///< children at once, >= 1
-  int max_restarts = 0;        ///< restarts of a failed run, >= 0
+  std::string dir;       ///< the queue directory; created when missing
+  int parallel = 1;      ///< children at once, >= 1
+  int max_restarts = 0;  ///< restarts of a failed run, >= 0
+  /// Seconds without a change of a run's heartbeat file (RUN_DIR/heartbeat, report/reporter.h)
+  /// after which its process group is SIGKILLed and the attempt counts as failed (restarted
+  /// per max_restarts); 0 turns the watchdog off. Loading data and a checkpoint count too.
+  double hang_timeout = 0;
   std::string binary;          ///< the gpurun each run runs with (argv[0]: a path, no PATH search)
   double backoff_initial = 1;  ///< seconds before a failed run's first restart
   double backoff_max = 30;     ///< the longest wait before a restart
@@ -60,8 +64,9 @@ struct QueueOptions {
 /// summary table to `out` and writes DIR/summary.csv and .json (queue_summary.h). Returns 0
 /// when every run finished; 75 when stopped by a signal (the same command continues); else 1
 /// when one failed; else 75 when a run was left interrupted. Throws ConfigError
-/// (exit 2) for parallel < 1, max_restarts < 0, DIR held by a live queue, or a queue file that
-/// changes a started run; IoError when DIR cannot be written.
+/// (exit 2) for parallel < 1, max_restarts < 0, hang_timeout < 0, DIR held by a live queue, a
+/// DIR/queue.json that does not parse, or a queue file that changes a started run; IoError when DIR
+/// cannot be written.
 int run_queue(const QueueFile& queue, const QueueOptions& options, std::ostream& out);
 
 /// The CUDA devices a queue spreads its runs over, as CUDA_VISIBLE_DEVICES values: from

@@ -112,6 +112,8 @@ TEST(CommandLine, QueueTakesItsFileTheDirectoryParallelAndRestarts) {
   EXPECT_EQ(c.dir, "/q");
   EXPECT_EQ(c.parallel, 2);
   EXPECT_EQ(c.launch.max_restarts, 3);
+  EXPECT_EQ(parse({"queue", "q.yaml", "--dir", "/q", "--hang-timeout", "30"}).launch.hang_timeout,
+            30);
   EXPECT_EQ(parse({"queue", "q.yaml", "--dir", "/q"}).parallel, 1);
   EXPECT_NE(error_of({"queue", "q.yaml"}).find("--dir DIR"), std::string::npos);
   EXPECT_NE(error_of({"queue", "q.yaml", "--dir", "/q", "--parallel", "0"}).find("--parallel"),
