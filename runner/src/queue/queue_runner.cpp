@@ -1,8 +1,6 @@
 #include "queue/queue_runner.h"
 
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,19 +8,19 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <ctime>
 #include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
 
 #include "distributed/worker_env.h"
 #include "gpurun/errors.h"
 #include "launch/worker_process.h"
+#include "queue/queue_lock.h"
 #include "queue/queue_state.h"
 #include "queue/queue_summary.h"
+#include "queue/run_child.h"
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
@@ -33,125 +31,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(100);
-
-/// DIR/queue.lock, flock(2)ed while this queue lives; the kernel drops it when we die, however.
-/// Close-on-exec, so that no child (nor an orphan that outlives us) holds it.
-class QueueLock {
- public:
-  explicit QueueLock(const std::string& dir) : path_(dir + "/queue.lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw IoError("open", path_, errno);
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
-        // A network file system without locks (NFSv3 without lockd): the queue still runs,
-        // and each run's checkpoint lease still keeps two writers out of its directory.
-        spdlog::warn(
-            "queue: {} cannot be locked ({}): a second queue on this directory would "
-            "not be refused",
-            path_, std::strerror(err));
-        return;
-      }
-      ::close(fd_);
-      if (err != EWOULDBLOCK) throw IoError("flock", path_, err);
-      std::string holder;
-      try {
-        holder = fs::read_file(path_);
-      } catch (const IoError&) {
-      }
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-      throw ConfigError(dir + " is used by a live gpurun queue (" +
-                        (holder.empty() ? std::string("holder unknown") : holder) +
-                        "): wait for it to end, or stop it (SIGTERM) and run this again");
-    }
-    const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
-    if (::ftruncate(fd_, 0) == 0) {
-      const ssize_t ignored = ::pwrite(fd_, me.data(), me.size(), 0);
-      (void)ignored;  // the lock is what counts; the text only names the holder
-    }
-  }
-  ~QueueLock() { ::close(fd_); }
-  QueueLock(const QueueLock&) = delete;
-  QueueLock& operator=(const QueueLock&) = delete;
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-/// The CPUs this process may run on (its affinity mask: a container's or Slurm's cpuset), else
-/// hardware_concurrency(); at least 1.
-unsigned usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return static_cast<unsigned>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-bool has_key(const std::vector<std::string>& sets, const std::string& key) {
-  for (const std::string& s : sets)
-    if (s.rfind(key + "=", 0) == 0) return true;
-  return false;
-}
-
-/// Whether the config file sets train.threads itself (then the queue leaves it alone).
-bool config_sets_threads(const std::string& config) {
-  try {
-    const YAML::Node root = YAML::LoadFile(config);
-    return root.IsMap() && root["train"] && root["train"].IsMap() && root["train"]["threads"];
-  } catch (const std::exception&) {
-    return false;  // the run's own gpurun reports a config that does not parse
-  }
-}
-
-/// The last "gpurun error ..." line of a run's stderr.log (else its last line), for the report.
-std::string last_error_line(const std::string& path) {
-  std::string text;
-  try {
-    text = fs::read_file(path);
-  } catch (const IoError&) {
-    return "";
-  }
-  if (text.size() > 16384) text = text.substr(text.size() - 16384);
-  std::string last, error;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find_first_of("\r\n", start);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(start, end - start);
-    if (!line.empty()) {
-      last = line;
-      if (line.find("gpurun error") != std::string::npos) error = line;
-    }
-    start = end + 1;
-  }
-  std::string out = error.empty() ? last : error;
-  // Colour codes of spdlog's terminal sink, if any.
-  std::string clean;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] == '\x1b') {
-      while (i < out.size() && out[i] != 'm') ++i;
-      continue;
-    }
-    clean += out[i];
-  }
-  return clean.substr(0, 500);
-}
-
-std::string describe_exit(int exit_code, int signal) {
-  if (signal != 0) return "was killed by " + signal_name(signal);
-  switch (exit_code) {
-    case kExitUsage:
-      return "exited 2 (usage or config error, not retried)";
-    case kExitNoResume:
-      return "exited 3 (cannot resume, not retried)";
-    case 127:
-      return "exited 127 (the gpurun binary could not be executed)";
-    default:
-      return "exited " + std::to_string(exit_code);
-  }
-}
 
 class QueueRunner {
  public:
@@ -330,7 +209,7 @@ class QueueRunner {
     const std::string run_dir = run_dir_of(options_.dir, r.name);
     fs::make_dirs(run_dir);
     if (r.attempts == 0 && devices_.empty() && options_.parallel > 1 &&
-        !has_key(r.sets, "train.threads") && !config_sets_threads(r.config))
+        !has_set(r.sets, "train.threads") && !config_sets_threads(r.config))
       r.queue_sets = {"train.threads=" + std::to_string(threads_)};
     std::vector<std::string> sets = r.sets;
     sets.insert(sets.end(), r.queue_sets.begin(), r.queue_sets.end());
@@ -505,48 +384,6 @@ class QueueRunner {
 };
 
 }  // namespace
-
-std::vector<std::string> cuda_devices(const std::map<std::string, std::string>& env,
-                                      const std::string& dev_dir) {
-  std::vector<std::string> out;
-  const auto it = env.find("CUDA_VISIBLE_DEVICES");
-  if (it != env.end()) {
-    const std::string& v = it->second;
-    size_t start = 0;
-    while (start <= v.size()) {
-      size_t end = v.find(',', start);
-      if (end == std::string::npos) end = v.size();
-      std::string entry = v.substr(start, end - start);
-      entry.erase(0, entry.find_first_not_of(' '));
-      entry.erase(entry.find_last_not_of(' ') + 1);
-      if (entry.empty() || entry == "-1") break;  // CUDA ignores what follows an invalid one
-      out.push_back(entry);
-      start = end + 1;
-    }
-    return out;
-  }
-  std::vector<int> numbers;
-  for (const std::string& name : fs::list_dir(dev_dir)) {
-    if (name.size() <= 6 || name.rfind("nvidia", 0) != 0) continue;
-    const std::string digits = name.substr(6);
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 4) continue;
-    numbers.push_back(std::stoi(digits));
-  }
-  std::sort(numbers.begin(), numbers.end());
-  for (int n : numbers) out.push_back(std::to_string(n));
-  return out;
-}
-
-std::vector<std::string> run_argv(const std::string& binary, const std::string& dir,
-                                  const std::string& name, const std::string& config,
-                                  const std::vector<std::string>& sets) {
-  std::vector<std::string> argv{binary, "run", config, "--ckpt", run_dir_of(dir, name), "--resume"};
-  for (const std::string& s : sets) {
-    argv.push_back("--set");
-    argv.push_back(s);
-  }
-  return argv;
-}
 
 int run_queue(const QueueFile& queue, const QueueOptions& options, std::ostream& out) {
   return QueueRunner(queue, options, out).run();

@@ -69,16 +69,4 @@ struct QueueOptions {
 /// cannot be written.
 int run_queue(const QueueFile& queue, const QueueOptions& options, std::ostream& out);
 
-/// The CUDA devices a queue spreads its runs over, as CUDA_VISIBLE_DEVICES values: from
-/// `env`'s CUDA_VISIBLE_DEVICES when set (its entries up to the first empty or "-1", as the
-/// CUDA runtime reads it), else one per `dev_dir`/nvidiaN, in order of N. Empty on CPU.
-std::vector<std::string> cuda_devices(const std::map<std::string, std::string>& env,
-                                      const std::string& dev_dir = "/dev");
-
-/// The command line of one run: BINARY run CONFIG --ckpt DIR/runs/NAME --resume, then --set
-/// for each of `sets`.
-std::vector<std::string> run_argv(const std::string& binary, const std::string& dir,
-                                  const std::string& name, const std::string& config,
-                                  const std::vector<std::string>& sets);
-
 }  // namespace gpurun

@@ -12,6 +12,7 @@
 #include "gpurun/errors.h"
 #include "queue/queue_runner.h"
 #include "queue/queue_state.h"
+#include "queue/run_child.h"
 #include "util/fs.h"
 
 namespace gpurun {
