@@ -3,6 +3,7 @@
 #include "queue/queue_file.h"
 
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "gpurun/errors.h"
 #include "queue/queue_runner.h"
 #include "queue/queue_state.h"
+#include "queue/queue_summary.h"
 #include "queue/run_child.h"
 #include "util/fs.h"
 
@@ -188,6 +190,48 @@ TEST(QueueState, AFinishedRunIsKnownByItsOwnDoneEvent) {
   EXPECT_EQ(m.done_exit_code, 0);
   ASSERT_TRUE(m.last_epoch.has_value());
   EXPECT_EQ((*m.last_epoch)["epoch"], 1);
+}
+
+TEST(QueueSummary, RowsTakeTheLastEpochAndUnknownValuesStayEmpty) {
+  TempDir dir("queue-summary");
+  QueueState s;
+  RunRecord done;
+  done.name = "seed-1";
+  done.seed = 1;
+  done.state = RunState::kFinished;
+  done.exit_code = 0;
+  done.attempts = 1;
+  done.wall_seconds = 61;
+  RunRecord bad;
+  bad.name = "typo";
+  bad.state = RunState::kFailed;
+  bad.exit_code = 2;
+  bad.attempts = 1;
+  s.runs = {done, bad};
+  gpurun::fs::make_dirs(dir / "runs/seed-1");
+  gpurun::fs::write_file(dir / "runs/seed-1/metrics.jsonl",
+                         "{\"event\":\"epoch\",\"epoch\":0,\"eval_loss\":2.0}\n"
+                         "{\"event\":\"epoch\",\"epoch\":1,\"train_loss\":0.75,"
+                         "\"eval_loss\":0.5,\"eval_accuracy\":0.875}\n");
+  const std::vector<SummaryRow> rows = summary_rows(dir.path(), s);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].epochs, 2);
+  EXPECT_DOUBLE_EQ(rows[0].eval_loss, 0.5);
+  write_summary(dir.path(), rows);
+  EXPECT_EQ(gpurun::fs::read_file(dir / "summary.csv"),
+            "run,seed,state,exit_code,restarts,wall_seconds,epochs,train_loss,eval_loss,"
+            "eval_accuracy\n"
+            "seed-1,1,finished,0,0,61.000,2,0.75,0.5,0.875\n"
+            "typo,,failed,2,0,0.000,0,,,\n");
+  const nlohmann::json j = nlohmann::json::parse(gpurun::fs::read_file(dir / "summary.json"));
+  EXPECT_EQ(j["finished"], 1);
+  EXPECT_EQ(j["failed"], 1);
+  EXPECT_TRUE(j["runs"][1]["eval_loss"].is_null());
+  std::ostringstream table;
+  print_summary_table(rows, table);
+  EXPECT_NE(table.str().find("seed-1  1     finished     0         0  1m01s"), std::string::npos)
+      << table.str();
+  EXPECT_NE(table.str().find("0.8750"), std::string::npos) << table.str();
 }
 
 TEST(QueueRunner, CudaDevicesComeFromTheVariableElseFromDev) {
