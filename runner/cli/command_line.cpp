@@ -18,6 +18,7 @@
 #include "cli/export_command.h"
 #include "cli/options.h"
 #include "cli/plan_command.h"
+#include "cli/queue_command.h"
 #include "cli/status_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
@@ -38,7 +39,8 @@ const char* const kUsage =
     "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
-    "  gpurun status RUN_DIR [--json]\n"
+    "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
+    "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
     "  gpurun export CKPT_DIR --to FILE [--merge-lora]";
 
 const char* const kFooter = R"(
@@ -133,6 +135,20 @@ Command parse_command_line(int argc, const char* const argv[]) {
     cmd.dir = args[1];
     return cmd;
   }
+  if (first == "queue") {
+    if (args.size() != 2 || !r.count("dir"))
+      usage_error("usage: gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N]");
+    cmd.kind = Command::Kind::kQueue;
+    cmd.config_path = args[1];
+    cmd.dir = r["dir"].as<std::string>();
+    cmd.parallel = r["parallel"].as<int>();
+    cmd.launch.max_restarts = r["max-restarts"].as<int>();
+    cmd.launch.hang_timeout = r["hang-timeout"].as<double>();
+    if (cmd.parallel < 1) usage_error("--parallel must be >= 1");
+    if (cmd.launch.max_restarts < 0) usage_error("--max-restarts must be >= 0");
+    if (cmd.launch.hang_timeout < 0) usage_error("--hang-timeout must be >= 0");
+    return cmd;
+  }
   if (first == "export") {
     if (args.size() != 2 || !r.count("to"))
       usage_error("usage: gpurun export CKPT_DIR --to FILE [--merge-lora]");
@@ -205,6 +221,9 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       return status_command(cmd.dir, cmd.json, out);
     case Command::Kind::kExport:
       return export_command(cmd.dir, cmd.to, out, cmd.merge_lora);
+    case Command::Kind::kQueue:
+      return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
+                           cmd.launch.hang_timeout, out);
     case Command::Kind::kPlan: {
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       load_configured_plugin(config, registry);

@@ -5,6 +5,7 @@ namespace {
 
 constexpr const char* kRun = "Run";
 constexpr const char* kDistributed = "Distributed (DDP; under Slurm these come from SLURM_*)";
+constexpr const char* kQueue = "Queue";
 constexpr const char* kExport = "Export";
 constexpr const char* kPlan = "Plan";
 constexpr const char* kOutput = "Output";
@@ -22,8 +23,8 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
-    {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times", true},
-    {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts)", true},
+    {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},
+    {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts; queue: per run, a hang is a failure)", true},
     {kRun, "memory-limit", T::kString, "SIZE", "", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator"},
     {kDistributed, "nproc-per-node", T::kInt, "N", "", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", true},
     {kDistributed, "nnodes", T::kInt, "N", "", "nodes in the job", true},
@@ -33,6 +34,8 @@ const std::vector<OptionSpec>& option_table() {
     {kPlan, "cards", T::kString, "FILE", "", "plan: the cards to forecast on (examples/cards.yaml's form); default: the bundled table"},
     {kPlan, "deadline", T::kDouble, "HOURS", "72", "plan: when one card needs longer, say how many cards DDP needs"},
     {kPlan, "estimate-only", T::kFlag, "", "", "plan: build the model without its weights and run nothing: the estimate alone (automatic when the weights do not fit here)"},
+    {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
+    {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
@@ -44,7 +47,8 @@ const std::vector<OptionSpec>& option_table() {
 }
 
 const std::vector<std::string>& option_groups() {
-  static const std::vector<std::string> groups = {kRun, kDistributed, kPlan, kExport, kOutput};
+  static const std::vector<std::string> groups = {kRun,   kDistributed, kPlan,
+                                                  kQueue, kExport,      kOutput};
   return groups;
 }
 

@@ -13,6 +13,7 @@
 
 #include "checkpoint/store.h"
 #include "gpurun/errors.h"
+#include "queue/queue_summary.h"
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
@@ -20,6 +21,8 @@
 namespace gpurun {
 
 int status_command(const std::string& run_dir, bool json, std::ostream& out) {
+  // A `gpurun queue` directory: its runs, each with its state (queue/queue_summary.h).
+  if (fs::exists(run_dir + "/queue.json")) return queue_status(run_dir, json, out);
   std::string text;
   try {
     text = fs::read_file(run_dir + "/status.json");

@@ -7,7 +7,9 @@
 namespace gpurun {
 
 /// Reads RUN_DIR/status.json (and the tail of metrics.jsonl) and prints it; with `json` one
-/// object. Returns the exit code (2 when RUN_DIR has no status.json).
+/// object. A queue directory (RUN_DIR/queue.json, `gpurun queue`) prints the queue and its
+/// runs instead (queue_status() in queue/queue_summary.h). Returns the exit code (2 when
+/// RUN_DIR has neither).
 int status_command(const std::string& run_dir, bool json, std::ostream& out);
 
 }  // namespace gpurun

@@ -19,7 +19,7 @@ else()
   endif()
 endif()
 
-set(GPURUN_FUZZ_TARGETS manifest config dataset pickle lease)
+set(GPURUN_FUZZ_TARGETS manifest config dataset pickle lease queue)
 if(GPURUN_FUZZ_MISSING)
   message(STATUS "gpurun: fuzz tests skipped: ${GPURUN_FUZZ_MISSING}")
   add_test(NAME Fuzz.Skipped COMMAND ${CMAKE_COMMAND} -E echo

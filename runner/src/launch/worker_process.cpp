@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <stdexcept>
 #include <utility>
 
 #include "distributed/worker_env.h"
@@ -112,15 +113,19 @@ std::vector<std::string> child_environment(const std::map<std::string, std::stri
   return out;
 }
 
-Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
+namespace {
+
+/// spawn() and spawn_to_files(): `stderr_fd` < 0 pipes the child's stderr to us.
+Child spawn_child(std::vector<std::string>& argv, std::vector<std::string>& env, int stdout_fd,
+                  int stderr_fd) {
   // Everything the child needs is allocated before fork: after it, only async-signal-safe calls.
   std::vector<char*> c_argv = c_strings(argv), c_env = c_strings(env);
-  int err_pipe[2], status_pipe[2];
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw IoError("pipe", argv[0], errno);
+  int err_pipe[2] = {-1, -1}, status_pipe[2];
+  if (stderr_fd < 0 && ::pipe2(err_pipe, O_CLOEXEC) != 0) throw IoError("pipe", argv[0], errno);
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
     const int err = errno;
-    ::close(err_pipe[0]);
-    ::close(err_pipe[1]);
+    if (err_pipe[0] >= 0) ::close(err_pipe[0]);
+    if (err_pipe[1] >= 0) ::close(err_pipe[1]);
     throw IoError("pipe", argv[0], err);
   }
   const pid_t parent = ::getpid();
@@ -136,7 +141,8 @@ Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::dup2(err_pipe[1], STDERR_FILENO);
+    if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
+    ::dup2(stderr_fd >= 0 ? stderr_fd : err_pipe[1], STDERR_FILENO);
     ::execve(c_argv[0], c_argv.data(), c_env.data());
     const int err = errno;
     const ssize_t ignored = ::write(status_pipe[1], &err, sizeof err);
@@ -144,10 +150,10 @@ Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
     ::_exit(127);
   }
   const int fork_errno = errno;
-  ::close(err_pipe[1]);
+  if (err_pipe[1] >= 0) ::close(err_pipe[1]);
   ::close(status_pipe[1]);
   if (pid < 0) {
-    ::close(err_pipe[0]);
+    if (err_pipe[0] >= 0) ::close(err_pipe[0]);
     ::close(status_pipe[0]);
     throw IoError("fork", argv[0], fork_errno);
   }
@@ -160,6 +166,19 @@ Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
   ::close(status_pipe[0]);
   if (n == static_cast<ssize_t>(sizeof err)) child.exec_errno = err;
   return child;
+}
+
+}  // namespace
+
+Child spawn(std::vector<std::string> argv, std::vector<std::string> env) {
+  return spawn_child(argv, env, -1, -1);
+}
+
+Child spawn_to_files(std::vector<std::string> argv, std::vector<std::string> env, int stdout_fd,
+                     int stderr_fd) {
+  if (stdout_fd < 0 || stderr_fd < 0)
+    throw std::invalid_argument("spawn_to_files: stdout_fd and stderr_fd must be open files");
+  return spawn_child(argv, env, stdout_fd, stderr_fd);
 }
 
 }  // namespace gpurun

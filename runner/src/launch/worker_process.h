@@ -59,6 +59,13 @@ struct Child {
 /// or fork fails.
 Child spawn(std::vector<std::string> argv, std::vector<std::string> env);
 
+/// As spawn(), but the child's stdout and stderr go to the open files `stdout_fd` and
+/// `stderr_fd` (they stay the caller's to close; open them O_APPEND | O_CLOEXEC) instead of a
+/// pipe: Child::stderr_fd is -1 and no StderrTap is needed (`gpurun queue`'s runs log to
+/// files). Throws std::invalid_argument for a negative fd, IoError as spawn().
+Child spawn_to_files(std::vector<std::string> argv, std::vector<std::string> env, int stdout_fd,
+                     int stderr_fd);
+
 /// Our environment with `extra`, then `worker`'s variables over it, and
 /// GPURUN_RESTART_COUNT=`restart`, as KEY=VALUE strings.
 std::vector<std::string> child_environment(const std::map<std::string, std::string>& extra,

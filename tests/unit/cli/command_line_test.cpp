@@ -104,6 +104,22 @@ TEST(CommandLine, OtherSubcommands) {
   }
 }
 
+TEST(CommandLine, QueueTakesItsFileTheDirectoryParallelAndRestarts) {
+  const Command c =
+      parse({"queue", "q.yaml", "--dir", "/q", "--parallel", "2", "--max-restarts", "3"});
+  EXPECT_EQ(c.kind, Command::Kind::kQueue);
+  EXPECT_EQ(c.config_path, "q.yaml");
+  EXPECT_EQ(c.dir, "/q");
+  EXPECT_EQ(c.parallel, 2);
+  EXPECT_EQ(c.launch.max_restarts, 3);
+  EXPECT_EQ(parse({"queue", "q.yaml", "--dir", "/q", "--hang-timeout", "30"}).launch.hang_timeout,
+            30);
+  EXPECT_EQ(parse({"queue", "q.yaml", "--dir", "/q"}).parallel, 1);
+  EXPECT_NE(error_of({"queue", "q.yaml"}).find("--dir DIR"), std::string::npos);
+  EXPECT_NE(error_of({"queue", "q.yaml", "--dir", "/q", "--parallel", "0"}).find("--parallel"),
+            std::string::npos);
+}
+
 TEST(CommandLine, MistakesAreConfigErrorsThatSayWhatIsWrong) {
   EXPECT_NE(error_of({}).find("missing CONFIG.yaml"), std::string::npos);
   EXPECT_NE(error_of({"r.yaml"}).find("--ckpt DIR is required"), std::string::npos);

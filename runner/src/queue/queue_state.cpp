@@ -1,0 +1,156 @@
+#include "queue/queue_state.h"
+
+#include <cerrno>
+#include <sstream>
+
+#include "gpurun/errors.h"
+#include "util/clock.h"
+#include "util/fs.h"
+
+namespace gpurun {
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+RunState state_from_name(const std::string& name) {
+  for (RunState s : {RunState::kPending, RunState::kRunning, RunState::kInterrupted,
+                     RunState::kFinished, RunState::kFailed})
+    if (name == run_state_name(s)) return s;
+  throw Error("queue.json: unknown run state \"" + name + "\"");
+}
+
+}  // namespace
+
+const char* run_state_name(RunState state) noexcept {
+  switch (state) {
+    case RunState::kPending:
+      return "pending";
+    case RunState::kRunning:
+      return "running";
+    case RunState::kInterrupted:
+      return "interrupted";
+    case RunState::kFinished:
+      return "finished";
+    case RunState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+nlohmann::json to_json(const QueueState& state) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const RunRecord& r : state.runs) {
+    runs.push_back({{"name", r.name},
+                    {"seed", r.seed ? nlohmann::json(*r.seed) : nlohmann::json()},
+                    {"config", r.config},
+                    {"set", r.sets},
+                    {"queue_set", r.queue_sets},
+                    {"state", run_state_name(r.state)},
+                    {"exit_code", r.exit_code},
+                    {"signal", r.signal},
+                    {"restarts", r.restarts},
+                    {"attempts", r.attempts},
+                    {"started", r.started},
+                    {"ended", r.ended},
+                    {"wall_seconds", r.wall_seconds},
+                    {"pid", r.pid},
+                    {"device", r.device},
+                    {"error", r.error}});
+  }
+  return {{"format_version", kFormatVersion},
+          {"queue_file", state.queue_file},
+          {"host", state.host},
+          {"pid", state.pid},
+          {"parallel", state.parallel},
+          {"updated", state.updated},
+          {"stopping", state.stopping},
+          {"runs", runs}};
+}
+
+QueueState queue_state_from_json(const nlohmann::json& j) {
+  try {
+    if (!j.is_object() || j.value("format_version", 0) != kFormatVersion)
+      throw Error("queue.json: not a queue state of format " + std::to_string(kFormatVersion));
+    QueueState s;
+    s.queue_file = j.value("queue_file", "");
+    s.host = j.value("host", "");
+    s.pid = j.value("pid", int64_t{0});
+    s.parallel = j.value("parallel", 1);
+    s.updated = j.value("updated", 0.0);
+    s.stopping = j.value("stopping", false);
+    for (const nlohmann::json& r : j.at("runs")) {
+      RunRecord rec;
+      rec.name = r.at("name").get<std::string>();
+      if (r.contains("seed") && r["seed"].is_number_integer()) rec.seed = r["seed"].get<int64_t>();
+      rec.config = r.value("config", "");
+      rec.sets = r.value("set", std::vector<std::string>{});
+      rec.queue_sets = r.value("queue_set", std::vector<std::string>{});
+      rec.state = state_from_name(r.value("state", "pending"));
+      rec.exit_code = r.value("exit_code", -1);
+      rec.signal = r.value("signal", 0);
+      rec.restarts = r.value("restarts", 0);
+      rec.attempts = r.value("attempts", 0);
+      rec.started = r.value("started", 0.0);
+      rec.ended = r.value("ended", 0.0);
+      rec.wall_seconds = r.value("wall_seconds", 0.0);
+      rec.pid = r.value("pid", int64_t{0});
+      rec.device = r.value("device", "");
+      rec.error = r.value("error", "");
+      s.runs.push_back(std::move(rec));
+    }
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("queue.json: ") + e.what());
+  }
+}
+
+std::optional<QueueState> read_queue_state(const std::string& dir) {
+  const std::string path = dir + "/queue.json";
+  std::string text;
+  try {
+    text = fs::with_retries([&] { return fs::read_file(path); });
+  } catch (const IoError& e) {
+    if (e.error_number() == ENOENT) return std::nullopt;
+    throw;
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw Error(path + " is not valid JSON");
+  return queue_state_from_json(j);
+}
+
+void write_queue_state(const std::string& dir, QueueState& state) {
+  state.updated = unix_seconds();
+  const std::string text = to_json(state).dump(2) + "\n";
+  fs::with_retries([&] { fs::replace_file(dir + "/queue.json", text); });
+}
+
+std::string run_dir_of(const std::string& dir, const std::string& name) {
+  return dir + "/runs/" + name;
+}
+
+RunMetrics read_run_metrics(const std::string& run_dir) {
+  RunMetrics out;
+  std::string text;
+  try {
+    text = fs::read_file(run_dir + "/metrics.jsonl");
+  } catch (const std::exception&) {
+    return out;
+  }
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    // Only the lines that matter are parsed: most are `step` events.
+    const bool done = line.find("\"done\"") != std::string::npos;
+    const bool epoch = line.find("\"epoch\":") != std::string::npos &&
+                       line.find("\"event\":\"epoch\"") != std::string::npos;
+    if (!done && !epoch) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;
+    const std::string event = j.value("event", "");
+    if (event == "done" && j.contains("exit_code") && j["exit_code"].is_number_integer())
+      out.done_exit_code = j["exit_code"].get<int>();
+    if (event == "epoch") out.last_epoch = j;
+  }
+  return out;
+}
+
+}  // namespace gpurun

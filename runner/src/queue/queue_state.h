@@ -1,0 +1,89 @@
+// The state of `gpurun queue` in its directory (docs/architecture.md, "Queue directory"):
+//
+//   DIR/queue.json        every run's state; replaced atomically on every change
+//   DIR/queue.lock        flock(2)ed by the live queue; names its pid and host
+//   DIR/runs/NAME/        one run's checkpoint and run directory, stdout.log, stderr.log
+//   DIR/summary.csv/.json the end's table
+//
+// It lives beside the checkpoints, on the same storage, so that a reclaimed machine's
+// successor finds both. A run's own metrics.jsonl is the truth of "finished" (a `done` event
+// with exit_code 0): a queue killed between its child's exit and the write of queue.json
+// still never trains a finished run again. No Torch headers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gpurun {
+
+/// pending: not started; running: a child trains it (or did, when the queue died);
+/// interrupted: stopped by a signal or waiting for its restart, resumed next; finished: exit 0;
+/// failed: a final failure (exit 2 or 3, or restarts used up).
+enum class RunState { kPending, kRunning, kInterrupted, kFinished, kFailed };
+
+/// "pending", "running", "interrupted", "finished", "failed".
+const char* run_state_name(RunState state) noexcept;
+
+/// One run's record in queue.json.
+struct RunRecord {
+  std::string name;
+  std::optional<int64_t> seed;
+  std::string config;             ///< absolute path
+  std::vector<std::string> sets;  ///< the run's --set list as the queue file gives it
+  /// What the queue adds (train.threads on CPU), fixed at the first start for every resume.
+  std::vector<std::string> queue_sets;
+  RunState state = RunState::kPending;
+  int exit_code = -1;       ///< of the last attempt; -1 before any, or killed by a signal
+  int signal = 0;           ///< the signal that ended the last attempt, 0 when it exited
+  int restarts = 0;         ///< restarts after a failure (not resumes after a stop)
+  int attempts = 0;         ///< children started, over every queue invocation
+  double started = 0;       ///< unix seconds of the first start; 0 before it
+  double ended = 0;         ///< unix seconds of the last attempt's end; 0 before it
+  double wall_seconds = 0;  ///< the attempts' time added up
+  int64_t pid = 0;          ///< the running child's pid; 0 when none
+  std::string device;       ///< "cuda:N" (its CUDA_VISIBLE_DEVICES) or "cpu"
+  std::string error;        ///< why it failed, one line; "" otherwise
+};
+
+/// queue.json.
+struct QueueState {
+  std::string queue_file;  ///< the QUEUE.yaml path as given
+  std::string host;        ///< the live (or last) queue's host
+  int64_t pid = 0;         ///< and pid
+  int parallel = 1;
+  double updated = 0;     ///< unix seconds of the last write
+  bool stopping = false;  ///< a stop signal arrived; no new run starts
+  std::vector<RunRecord> runs;
+};
+
+nlohmann::json to_json(const QueueState& state);
+
+/// Throws Error when `j` is not a queue.json of this format.
+QueueState queue_state_from_json(const nlohmann::json& j);
+
+/// DIR/queue.json; nullopt when it does not exist. Throws Error when it does not parse,
+/// IoError when it cannot be read.
+std::optional<QueueState> read_queue_state(const std::string& dir);
+
+/// Replaces DIR/queue.json atomically (temporary file, fsync, rename, fsync of DIR). Throws
+/// IoError.
+void write_queue_state(const std::string& dir, QueueState& state);
+
+/// DIR/runs/NAME: the run's checkpoint and run directory.
+std::string run_dir_of(const std::string& dir, const std::string& name);
+
+/// What a run's metrics.jsonl says of its end.
+struct RunMetrics {
+  std::optional<int> done_exit_code;         ///< the last `done` event's exit_code
+  std::optional<nlohmann::json> last_epoch;  ///< the last `epoch` event
+};
+
+/// Reads RUN_DIR/metrics.jsonl (missing: nothing known); lines that do not parse are skipped
+/// (a line cut by a SIGKILL). Throws nothing.
+RunMetrics read_run_metrics(const std::string& run_dir);
+
+}  // namespace gpurun
