@@ -42,26 +42,13 @@ std::string join(const std::vector<std::string>& names) {
   return out;
 }
 
-/// The closest allowed key to `wrong`, "" when none is close (config/suggest.h's rules).
-std::string nearest(const std::string& wrong, const std::vector<std::string>& allowed) {
-  if (wrong.size() > 64) return "";  // a pasted paragraph is no typo of a key
-  size_t best = SIZE_MAX;
-  std::string found;
-  for (const std::string& name : allowed) {
-    const size_t d = detail::edit_distance(wrong, name);
-    if ((d <= detail::tolerance(wrong, name) || detail::extends(wrong, name)) && d < best)
-      best = d, found = name;
-  }
-  return found;
-}
-
 void check_keys(const Context& c, const YAML::Node& map, const std::vector<std::string>& allowed,
                 const std::string& what) {
   for (const auto& kv : map) {
     if (!kv.first.IsScalar()) c.fail(kv.first, "a key of " + what + " is not a name");
     const std::string key = kv.first.Scalar();
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-    const std::string guess = nearest(key, allowed);
+    const std::string guess = detail::nearest_of(key, allowed);
     c.fail(kv.first, "unknown key " + key + " in " + what +
                          (guess.empty() ? "" : "; did you mean " + guess + "?") +
                          " (keys: " + join(allowed) + ")");
