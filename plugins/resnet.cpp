@@ -78,8 +78,8 @@ std::vector<SegmentActivations> resnet_activations(const std::vector<int64_t>& s
   auto conv_flops = [](int64_t in_channels, int64_t outputs, int64_t kernel) {
     return 2.0 * static_cast<double>(in_channels * kernel * kernel) * static_cast<double>(outputs);
   };
-  out.push_back({image * 4, image * c + 2 * stem, stem * 4 / c,
-                 conv_flops(shape[0], channels[0] * h * w, 3)});
+  out.push_back(
+      {image * 4, image * c + 2 * stem, stem, conv_flops(shape[0], channels[0] * h * w, 3)});
   for (size_t s = 0; s < channels.size(); ++s) {
     for (int64_t b = 0; b < blocks[s]; ++b) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
@@ -91,7 +91,9 @@ std::vector<SegmentActivations> resnet_activations(const std::vector<int64_t>& s
       // projection shortcut's BatchNorm input. The block's input is the previous ReLU's.
       const bool shortcut = stride != 1 || in != channels[s];
       const int64_t outputs = channels[s] * h * w;
-      out.push_back({in_bytes, (4 + (shortcut ? 1 : 0)) * map, map * 4 / c,
+      // Its backward holds three gradient maps at once (of the output, of a BatchNorm's input
+      // and of a convolution's input): the measured peaks of LibTorch 2.11's CPU kernels.
+      out.push_back({in_bytes, (4 + (shortcut ? 1 : 0)) * map, 3 * map,
                      conv_flops(in, outputs, 3) + conv_flops(channels[s], outputs, 3) +
                          (shortcut ? conv_flops(in, outputs, 1) : 0.0)});
       in = channels[s];

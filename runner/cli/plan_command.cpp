@@ -59,19 +59,18 @@ void add_cards(nlohmann::json& result, const Workload& w, const std::vector<Card
 }
 
 std::string hours_text(const nlohmann::json& v) {
-  if (v.is_null()) return "-";
-  char b[32];
-  const double h = v.get<double>();
-  std::snprintf(b, sizeof b, h < 1 ? "%.2f h" : "%.1f h", h);
-  return b;
+  return v.is_null() ? "-" : format_duration(3600.0 * v.get<double>());
 }
 
 void print_cards(std::ostream& out, const nlohmann::json& result) {
   char line[512];
-  out << "\ncards (predicted: step time from the model's FLOPs at "
-      << static_cast<int>(kAssumedUtilisation * 100) << "% of each card's throughput; "
-      << "deadline " << result["deadline_hours"].get<double>() << " h):\n";
-  std::snprintf(line, sizeof line, "  %-14s %9s  %-13s %10s %10s %9s %9s %6s  %s\n", "card",
+  out << "\ncards (predicted: an optimizer step's FLOPs, counted from the model, at "
+      << static_cast<int>(kAssumedUtilisation * 100)
+      << "% of each card's throughput; a small model is bound by kernel launches instead and\n"
+         "runs slower; lost/rcl: the most work a reclaim loses at the checkpoint interval; cards: "
+         "for DDP to finish within the deadline of "
+      << result["deadline_hours"].get<double>() << " h):\n";
+  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %9s %6s  %s\n", "card",
                 "memory", "fits", "step", "to finish", "cost", "lost/rcl", "cards", "plan");
   out << line;
   for (const auto& c : result["cards"]) {
@@ -83,14 +82,14 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
     }
     if (!c["cost_to_finish"].is_null()) {
       char b[32];
-      std::snprintf(b, sizeof b, "%.0f", c["cost_to_finish"].get<double>());
+      std::snprintf(b, sizeof b, "%.2f", c["cost_to_finish"].get<double>());
       cost = b;
     }
     if (!c["cards_for_deadline"].is_null())
       n = std::to_string(c["cards_for_deadline"].get<int64_t>());
     std::string plan = c["plan"].get<std::string>();
     if (!c["note"].get<std::string>().empty()) plan += "; " + c["note"].get<std::string>();
-    std::snprintf(line, sizeof line, "  %-14s %9s  %-13s %10s %10s %9s %9s %6s  %s\n",
+    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %9s %6s  %s\n",
                   c["name"].get<std::string>().c_str(),
                   format_bytes(c["memory_bytes"].get<int64_t>()).c_str(),
                   c["fits"].get<std::string>().c_str(), step.c_str(),
@@ -106,12 +105,18 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
                   const std::string& why) {
   const auto start = std::chrono::steady_clock::now();
   Session session = open_estimate_session(config, device, registry);
-  const Precision precision = session.precision.precision;
+  // The cards are GPUs: `auto` is bf16 on every card of compute capability >= 8 (the bundled
+  // ones), and a model that describes its activations is estimated under CUDA's autocast.
+  const bool automatic = config.train.precision == "auto";
+  const Precision precision = automatic ? Precision::kBf16 : session.precision.precision;
+  if (automatic) session.precision.reason = "auto: bf16 on a card of compute capability >= 8";
+  const c10::Device target =
+      session.model->activation_estimate() ? c10::Device(c10::kCUDA) : session.device;
   const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
   const Estimate plain = estimate_peak(*session.model, config.optim, session.data.input_shape,
-                                       micro, false, session.device, precision);
+                                       micro, false, target, precision);
   const Estimate ck = estimate_peak(*session.model, config.optim, session.data.input_shape, micro,
-                                    true, session.device, precision);
+                                    true, target, precision);
   const double state = static_cast<double>(plain.parameters + plain.gradients +
                                            plain.optimizer_state + plain.weight_casts);
   Workload w = base_workload(config, session, plain, precision_name(precision));
@@ -127,6 +132,7 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
       {"estimate_only", true},
       {"why", why},
       {"device", session.device.str()},
+      {"estimated_for", target.is_cuda() ? "cuda" : session.device.str()},
       {"precision", precision_name(precision)},
       {"precision_reason", session.precision.reason},
       {"micro_batch", micro},

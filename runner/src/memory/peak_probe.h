@@ -40,8 +40,8 @@ class SegmentedModel;
 ///                          the output of a ReLU, ...); with activation checkpointing only the
 ///                          segment inputs plus the largest segment's saved tensors (Chen et
 ///                          al. 2016, "Training Deep Nets with Sublinear Memory Cost"); plus
-///                          twice the largest single tensor, the gradients of the backward
-///                          pass's busiest moment
+///                          the largest tensor alive in a backward pass beside them
+///                          (SegmentActivations::largest_bytes)
 ///   weight_casts           bf16 / fp16: autocast's cached low-precision copy of every
 ///                          trainable weight matrix (2 bytes per element); fp32: 0
 /// Gradients and optimizer state count trainable parameters only (model.freeze, LoRA).
@@ -49,16 +49,17 @@ class SegmentedModel;
 ///                          activations are freed: Adam, AdamW 2 x the largest trainable
 ///                          parameter (sqrt(v) and its quotient, torch::optim::Adam::step);
 ///                          SGD with weight decay 1 x; else 0
-/// total = parameters + gradients + optimizer_state + weight_casts + the larger of activations
-/// and optimizer_temporaries.
+/// total = parameters + gradients + optimizer_state + the larger of activations + weight_casts
+/// (the forward and backward pass) and optimizer_temporaries (the step, after autocast's cache
+/// is cleared).
 struct Estimate {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0,
           optimizer_temporaries = 0;
   /// Not memory: the forward pass's FLOPs for one sample (SegmentActivations::forward_flops).
   double forward_flops_per_sample = 0;
   int64_t total() const {
-    return parameters + gradients + optimizer_state + weight_casts +
-           std::max(activations, optimizer_temporaries);
+    return parameters + gradients + optimizer_state +
+           std::max(activations + weight_casts, optimizer_temporaries);
   }
   nlohmann::json to_json() const;
 };
