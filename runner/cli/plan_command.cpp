@@ -12,7 +12,9 @@
 
 #include "checkpoint/interval.h"
 #include "forecast/forecast.h"
+#include "gpurun/errors.h"
 #include "gpurun/model.h"
+#include "gpurun/registry.h"
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
@@ -64,20 +66,25 @@ std::string hours_text(const nlohmann::json& v) {
 
 void print_cards(std::ostream& out, const nlohmann::json& result) {
   char line[512];
-  out << "\ncards (predicted: an optimizer step's FLOPs, counted from the model, at "
+  out << "\ncards, predicted (step: an optimizer step's FLOPs counted from the model at "
       << static_cast<int>(kAssumedUtilisation * 100)
-      << "% of each card's throughput; a small model is bound by kernel launches instead and\n"
-         "runs slower; lost/rcl: the most work a reclaim loses at the checkpoint interval; cards: "
-         "for DDP to finish within the deadline of "
+      << "% of the card's throughput;\n"
+         "  a small model is bound by kernel launches instead and runs slower. lost/reclaim: the "
+         "most work a\n  reclaim loses at the checkpoint interval. cards: for DDP to finish "
+         "within "
       << result["deadline_hours"].get<double>() << " h):\n";
-  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %9s %6s  %s\n", "card",
-                "memory", "fits", "step", "to finish", "cost", "lost/rcl", "cards", "plan");
+  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s  %s\n", "card",
+                "memory", "fits", "step", "to finish", "cost", "lost/reclaim", "cards", "plan");
   out << line;
   for (const auto& c : result["cards"]) {
     std::string step = "-", cost = "-", n = "-";
     if (!c["predicted_step_seconds"].is_null()) {
+      const double seconds = c["predicted_step_seconds"].get<double>();
       char b[32];
-      std::snprintf(b, sizeof b, "%.3g s", c["predicted_step_seconds"].get<double>());
+      if (seconds < 1)
+        std::snprintf(b, sizeof b, "%.3f ms", 1e3 * seconds);
+      else
+        std::snprintf(b, sizeof b, "%.2f s", seconds);
       step = b;
     }
     if (!c["cost_to_finish"].is_null()) {
@@ -89,7 +96,7 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
       n = std::to_string(c["cards_for_deadline"].get<int64_t>());
     std::string plan = c["plan"].get<std::string>();
     if (!c["note"].get<std::string>().empty()) plan += "; " + c["note"].get<std::string>();
-    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %9s %6s  %s\n",
+    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s  %s\n",
                   c["name"].get<std::string>().c_str(),
                   format_bytes(c["memory_bytes"].get<int64_t>()).c_str(),
                   c["fits"].get<std::string>().c_str(), step.c_str(),
@@ -174,6 +181,20 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                  std::ostream& out) {
   if (options.estimate_only)
     return estimate_plan(config, device, json, registry, options, out, "--estimate-only");
+  // Weights too large to build here (they are initialised in host memory first, whatever the
+  // device) are not built: their size is learned without them.
+  if (config.model.torchscript.empty()) {
+    const ModelShape shape =
+        probe_model_shape(config, registry, registry.make_dataset(config.data));
+    const int64_t limit = memory_limit_bytes(config, memory_limit);
+    if (shape.error.empty() && (shape.weight_bytes > physical_memory_bytes() / 4 ||
+                                (limit > 0 && shape.weight_bytes > limit))) {
+      spdlog::info("the model's weights alone are {}: planning from the estimate",
+                   format_bytes(shape.weight_bytes));
+      return estimate_plan(config, device, json, registry, options, out,
+                           "the weights alone do not fit this machine or --memory-limit");
+    }
+  }
   std::optional<Session> opened;
   try {
     opened.emplace(open_session(config, device, memory_limit, registry));
@@ -183,7 +204,17 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                          "the weights alone do not fit this device");
   }
   Session& session = *opened;
-  const MemoryPlan plan = make_plan(config, session, 1, std::nullopt);
+  std::optional<MemoryPlan> made;
+  try {
+    made = make_plan(config, session, 1, std::nullopt);
+  } catch (const ConfigError& e) {
+    // The run does not fit here; the cards may still take it.
+    spdlog::info("{}: planning from the estimate", e.what());
+    opened.reset();  // the meter and its limit go with the session
+    return estimate_plan(config, device, json, registry, options, out,
+                         std::string("the run does not fit this device: ") + e.what());
+  }
+  const MemoryPlan& plan = *made;
   const Estimate estimate = estimate_for(config, session, plan);
 
   // Two sizes without checkpointing and one with fix the lines for the card table.

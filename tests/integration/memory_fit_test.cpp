@@ -428,6 +428,27 @@ TEST(MemoryFit, AUsersCardsFileReplacesTheTable) {
   EXPECT_TRUE(contains(bad.err, "unknown key memroy; did you mean memory?")) << bad.err;
 }
 
+TEST(MemoryFit, AModelWhoseWeightsDoNotFitIsPlannedFromTheEstimate) {
+  // The cnn describes no activations of its own: its layers are walked, with real weights.
+  TempDir dir;
+  const std::string config = write_config(dir, kCnn);
+  Result r = run_gpurun({"plan", config, "--json", "--memory-limit", "64KiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["estimate_only"], true);
+  EXPECT_TRUE(contains(j["why"].get<std::string>(), "weights alone do not fit")) << j["why"];
+  EXPECT_GT(j["breakdown"]["activations"].get<int64_t>(), 0);
+  EXPECT_EQ(j["cards"][0]["fits"], "as_configured") << j["cards"][0].dump();
+  // Weights that fit but a run that does not (its optimizer state alone is over 1 MiB): exit 0,
+  // the cards still reported, and why.
+  Result small = run_gpurun({"plan", config, "--json", "--memory-limit", "1MiB"});
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  const nlohmann::json k = nlohmann::json::parse(small.out);
+  EXPECT_EQ(k["estimate_only"], true);
+  EXPECT_TRUE(contains(k["why"].get<std::string>(), "the run does not fit this device")) << k;
+  EXPECT_EQ(k["cards"].size(), 9u);
+}
+
 TEST(MemoryFit, TheEstimateOfA7BGptNeedsNeitherItsWeightsNorAMinute) {
   // About 7B parameters (32 blocks of width 4096), context 2048, bf16, AdamW: planned from the
   // estimate alone on a 24 GiB machine that could not hold its weights and optimizer state.

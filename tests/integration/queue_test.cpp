@@ -192,6 +192,16 @@ TEST(Queue, ARunWithAConfigErrorIsReportedAndTheOthersFinish) {
   for (const char* name : {"seed-1", "seed-2"})
     EXPECT_EQ(run_record(qdir, name).value("state", ""), "finished") << name;
   EXPECT_TRUE(contains(slurp(qdir + "/summary.csv"), "typo,,failed,2,0,"));
+
+  // The typo corrected, the same command: the run that never saved takes its new definition
+  // and trains; the finished ones are not trained again.
+  seeds_queue(dir, config, "1, 2", "runs:\n  - {set: [train.epochs=2], name: typo}\n");
+  const Result again = run_gpurun({"queue", queue, "--dir", qdir});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(run_record(qdir, "typo").value("state", ""), "finished");
+  EXPECT_EQ(events(qdir + "/runs/typo", "epoch").size(), 2u);
+  for (const char* name : {"seed-1", "seed-2"})
+    EXPECT_EQ(events(qdir + "/runs/" + name, "epoch").size(), 1u) << name;
 }
 
 TEST(Queue, ATypoInTheQueueFileNamesTheKeyAndStartsNothing) {

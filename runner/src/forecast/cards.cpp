@@ -1,5 +1,9 @@
 #include "forecast/cards.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -17,7 +21,8 @@ namespace {
 const std::vector<std::string> kKeys = {"name", "memory", "bf16_tflops", "fp32_tflops",
                                         "price_per_hour"};
 
-double positive(const YAML::Node& n, const std::string& where) {
+/// A finite number > 0 (>= 0 with `zero_allowed`: a price of a machine of one's own).
+double number(const YAML::Node& n, const std::string& where, bool zero_allowed = false) {
   double v = 0;
   try {
     v = n.as<double>();
@@ -25,7 +30,11 @@ double positive(const YAML::Node& n, const std::string& where) {
     throw ConfigError(where + ": expected a number, got \"" + (n.IsScalar() ? n.Scalar() : "") +
                       "\"");
   }
-  if (!(v > 0)) throw ConfigError(where + ": must be > 0, got " + n.Scalar());
+  if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_allowed))
+    throw ConfigError(where +
+                      (zero_allowed ? ": must be a finite number >= 0, got "
+                                    : ": must be a finite number > 0, got ") +
+                      n.Scalar());
   return v;
 }
 
@@ -38,12 +47,16 @@ std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& o
   } catch (const YAML::Exception& e) {
     throw ConfigError(origin + ": not YAML: " + e.what());
   }
-  if (!root.IsMap() || !root["cards"])
-    throw ConfigError(origin + ": expected a map with a list \"cards:\"");
+  if (!root.IsMap()) throw ConfigError(origin + ": expected a map with a list \"cards:\"");
   for (const auto& top : root) {
     const std::string key = top.first.as<std::string>();
-    if (key != "cards") throw ConfigError(origin + ": unknown key " + key + " (expected cards)");
+    if (key != "cards")
+      throw ConfigError(
+          origin + ": unknown key " + key +
+          (detail::nearest_of(key, {"cards"}).empty() ? "" : "; did you mean cards?") +
+          " (the file holds one list, cards:)");
   }
+  if (!root["cards"]) throw ConfigError(origin + ": expected a map with a list \"cards:\"");
   const YAML::Node list = root["cards"];
   if (!list.IsSequence() || list.size() == 0)
     throw ConfigError(origin + ": cards: expected a list of at least one card");
@@ -74,12 +87,14 @@ std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& o
     } catch (const ConfigError& e) {
       throw ConfigError(where + ": memory: " + e.what());
     }
-    if (c.memory_bytes <= 0) throw ConfigError(where + ": memory must be > 0");
+    if (c.memory_bytes < (int64_t{1} << 20))
+      throw ConfigError(where + ": memory " + n["memory"].Scalar() + " is under 1 MiB; a SIZE " +
+                        "takes a unit, e.g. 24GiB");
     if (!n["bf16_tflops"]) throw ConfigError(where + ": needs bf16_tflops");
-    c.bf16_tflops = positive(n["bf16_tflops"], where + ": bf16_tflops");
-    if (n["fp32_tflops"]) c.fp32_tflops = positive(n["fp32_tflops"], where + ": fp32_tflops");
+    c.bf16_tflops = number(n["bf16_tflops"], where + ": bf16_tflops");
+    if (n["fp32_tflops"]) c.fp32_tflops = number(n["fp32_tflops"], where + ": fp32_tflops");
     if (n["price_per_hour"])
-      c.price_per_hour = positive(n["price_per_hour"], where + ": price_per_hour");
+      c.price_per_hour = number(n["price_per_hour"], where + ": price_per_hour", true);
     cards.push_back(c);
   }
   return cards;
@@ -87,7 +102,11 @@ std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& o
 
 std::vector<Card> load_cards(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw ConfigError("--cards " + path + ": cannot be read");
+  if (!in || std::filesystem::is_directory(path))
+    throw ConfigError(
+        "--cards " + path + ": cannot be read (" +
+        (std::filesystem::is_directory(path) ? std::string("a directory") : std::strerror(errno)) +
+        ")");
   std::stringstream text;
   text << in.rdbuf();
   return parse_cards(text.str(), path);

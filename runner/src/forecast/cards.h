@@ -22,8 +22,9 @@ struct Card {
 
 /// Parses the YAML text of a cards file; `origin` names it in errors. Throws ConfigError (exit 2)
 /// naming the card and the key: an unknown key (with the nearest known one), a missing name,
-/// memory or bf16_tflops, a bad SIZE, a number that is not positive, no card at all, or a name
-/// given twice.
+/// memory or bf16_tflops, a bad SIZE or one under 1 MiB (a forgotten unit), a throughput that
+/// is not a finite number > 0, a price that is not a finite number >= 0, no card at all, or a
+/// name given twice.
 std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& origin);
 
 /// Reads and parses the file at `path`; throws ConfigError when it cannot be read.

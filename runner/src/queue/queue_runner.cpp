@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <ctime>
+#include <filesystem>
 #include <optional>
 #include <thread>
 
@@ -131,16 +132,32 @@ class QueueRunner {
       if (old) {
         for (const RunRecord& o : old->runs) {
           if (o.name != q.name) continue;
-          const bool started = o.attempts > 0 || o.state != RunState::kPending;
-          if (started && (o.config != q.config_path || o.sets != q.sets))
+          // A run with a checkpoint keeps its definition (its resume would be refused, or
+          // worse, continue other training); one that never saved may be corrected.
+          const bool trained =
+              std::filesystem::exists(run_dir_of(options_.dir, o.name) + "/LATEST");
+          const bool changed = o.config != q.config_path || o.sets != q.sets;
+          if (trained && changed)
             throw ConfigError("run " + q.name + " in " + options_.dir + " was started as " +
                               o.config + describe_sets(o.sets) + ", but " + queue_.path +
                               " now gives " + q.config_path + describe_sets(q.sets) +
-                              ": a started run keeps its definition; use another --dir, or "
-                              "give the changed run a name of its own");
+                              ": a run with a checkpoint keeps its definition; use another "
+                              "--dir, or give the changed run a name of its own");
           rec = o;
           rec.pid = 0;
+          if (changed) {
+            rec.config = q.config_path;
+            rec.sets = q.sets;
+          }
           if (rec.state == RunState::kRunning) rec.state = RunState::kInterrupted;
+          // Running the command again is asking for another try: a failed run starts over
+          // (it resumes its checkpoint, if it has one) with its restarts counted afresh.
+          if (rec.state == RunState::kFailed) {
+            spdlog::info("queue: {} failed before ({}); trying it again", rec.name, rec.error);
+            rec.state = trained ? RunState::kInterrupted : RunState::kPending;
+            rec.restarts = 0;
+            rec.error.clear();
+          }
         }
       }
       // The run's own record wins over ours: a queue killed after its child's exit 0 but

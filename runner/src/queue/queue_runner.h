@@ -14,7 +14,8 @@
 //   at once: retrying cannot help (docs/architecture.md, "Exit codes"). Any other exit and a
 //   death by a signal the queue did not send are restarted with --resume up to max_restarts
 //   times (1 s, 2 s, 4 s, ... apart, at most 30 s; the other slots go on meanwhile), then fail
-//   the run. A failed run never stops the others and stays failed in DIR. Exit 75 without a
+//   the run. A failed run never stops the others; the next invocation tries it again (from
+//   its checkpoint, if it has one), with its restarts counted afresh. Exit 75 without a
 //   stop signal to the queue (someone stopped that run alone) leaves the run interrupted for
 //   the next invocation, without a restart now.
 // - A stop signal to the queue (SIGTERM, SIGINT, ...; util/signals.h) starts no new run and is

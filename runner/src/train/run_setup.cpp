@@ -6,7 +6,14 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <cerrno>
+#include <cstring>
 #include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -52,6 +59,61 @@ void build_model(const RunConfig& config, const Registry& registry, Session& s) 
 
 }  // namespace
 
+ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
+                             const DatasetSplits& data) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    close(fds[0]);
+    std::string answer;
+    try {
+      Session s;
+      s.data = data;
+      WithoutWeights without_weights;
+      build_model(config, registry, s);
+      int64_t weights = 0;
+      for (const auto& entry : state_dict(*s.model))
+        weights += static_cast<int64_t>(entry.second.nbytes());
+      answer = "ok " + std::to_string(weights) + " " + (s.model->activation_estimate() ? "1" : "0");
+    } catch (const c10::Error& e) {
+      answer = std::string("error ") + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      answer = std::string("error ") + e.what();
+    }
+    for (size_t done = 0; done < answer.size();) {
+      const ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    answer.append(buffer, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ModelShape shape;
+  if (answer.rfind("ok ", 0) == 0) {
+    std::istringstream in(answer.substr(3));
+    int describes = 0;
+    in >> shape.weight_bytes >> describes;
+    shape.describes_activations = describes != 0;
+  } else {
+    shape.error = answer.rfind("error ", 0) == 0 ? answer.substr(6)
+                                                 : "the child building it ended without a word";
+  }
+  return shape;
+}
+
 Session open_estimate_session(const RunConfig& config, const std::string& device,
                               const Registry& registry) {
   if (!config.model.torchscript.empty())
@@ -62,16 +124,32 @@ Session open_estimate_session(const RunConfig& config, const std::string& device
   s.device = select_device(device, 0);
   s.loss = registry.make_loss(config.train.loss);
   s.data = registry.make_dataset(config.data);
-  try {
+  const ModelShape shape = probe_model_shape(config, registry, s.data);
+  if (!shape.error.empty())
+    throw ConfigError("model " + config.model.name + " cannot be built without its weights (" +
+                      shape.error + "): plan it by running it, without --estimate-only");
+  if (shape.describes_activations) {
+    // Only shapes are read from here on, so the meta backend's dispatch does no harm.
     WithoutWeights without_weights;
     build_model(config, registry, s);
-  } catch (const c10::Error& e) {
-    throw ConfigError("model " + config.model.name + " cannot be built without its weights (" +
-                      e.what_without_backtrace() +
-                      "): plan it by running it, without --estimate-only");
+  } else {
+    // Its layers are walked once (memory/peak_probe.h): real weights, when they fit in a
+    // quarter of this machine's memory.
+    const int64_t memory = physical_memory_bytes();
+    if (shape.weight_bytes > memory / 4)
+      throw ConfigError("model " + config.model.name + " does not describe its activations " +
+                        "(SegmentedModel::set_activation_estimate), and its weights (" +
+                        format_bytes(shape.weight_bytes) + ") are too large to run its layers " +
+                        "once on this machine (" + format_bytes(memory) + ")");
+    torch::manual_seed(static_cast<uint64_t>(config.train.seed));
+    build_model(config, registry, s);
   }
   s.precision = resolve_precision(config.train.precision, s.device);
   return s;
+}
+
+int64_t physical_memory_bytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
 }
 
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,

@@ -66,11 +66,28 @@ struct WeightsDoNotFit : ConfigError {
   using ConfigError::ConfigError;
 };
 
+/// What building a model WithoutWeights (model/without_weights.h) tells, learned in a child
+/// process: in LibTorch 2.11 the meta backend's dispatch, once used, stays in the process (a
+/// relu after the scope still dispatches to meta), so nothing may run after it there.
+struct ModelShape {
+  int64_t weight_bytes = 0;            ///< parameters and buffers
+  bool describes_activations = false;  ///< SegmentedModel::activation_estimate() is set
+  std::string error;                   ///< the factory failed without weights; "" otherwise
+};
+ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
+                             const DatasetSplits& data);
+
+/// This machine's memory in bytes.
+int64_t physical_memory_bytes();
+
 /// A session for the estimate only (`gpurun plan --estimate-only`, or a model too large for
 /// this machine): the data and the model with its adapters and frozen parameters, built
 /// WithoutWeights (model/without_weights.h) on the CPU, whatever `device`; `device` only
-/// resolves train.precision. No meter. Throws ConfigError for a TorchScript model and for a
-/// model whose factory cannot run without weights.
+/// resolves train.precision. No meter. Nothing may run in the process after it but reading
+/// shapes. A model without its own activation_estimate() is built with its weights instead
+/// (the estimate runs its layers once), when they fit in a quarter of the machine's memory. Throws
+/// ConfigError for a TorchScript model, for a model whose factory cannot run without weights, and
+/// for one too large to walk without a description.
 Session open_estimate_session(const RunConfig& config, const std::string& device,
                               const Registry& registry);
 
