@@ -419,6 +419,9 @@ TEST(MemoryFit, AUsersCardsFileReplacesTheTable) {
   // This fp32 run's time on a card without fp32_tflops is not guessed; no price: no cost.
   EXPECT_TRUE(j["cards"][2]["predicted_step_seconds"].is_null());
   EXPECT_TRUE(j["cards"][2]["cost_to_finish"].is_null());
+  EXPECT_TRUE(j["cards"][2]["lost_cost_per_reclaim"].is_null());
+  EXPECT_NEAR(lab["lost_cost_per_reclaim"].get<double>(),
+              lab["lost_hours_per_reclaim"].get<double>() * 0.5, 1e-12);
 
   // A typo names the key and suggests the right one; exit 2.
   const std::string typo =

@@ -90,6 +90,8 @@ CardForecast forecast(const Card& card, const Workload& w, double deadline_hours
   if (w.checkpoint_every_steps > 0)
     interval = std::min(interval, static_cast<double>(w.checkpoint_every_steps) * step);
   f.lost_hours_per_reclaim = std::min(interval / 3600.0, hours);
+  if (card.price_per_hour)
+    f.lost_cost_per_reclaim = *f.lost_hours_per_reclaim * *card.price_per_hour;
   if (hours > deadline_hours) {
     const int64_t need = static_cast<int64_t>(std::ceil(hours / deadline_hours));
     // Each rank takes global / n samples a step (a micro-batch no larger than this card's).
@@ -120,6 +122,7 @@ nlohmann::json CardForecast::to_json(const Card& card) const {
                       {"hours_to_finish", or_null(hours_to_finish)},
                       {"cost_to_finish", or_null(cost_to_finish)},
                       {"lost_hours_per_reclaim", or_null(lost_hours_per_reclaim)},
+                      {"lost_cost_per_reclaim", or_null(lost_cost_per_reclaim)},
                       {"cards_for_deadline",
                        cards_for_deadline ? nlohmann::json(*cards_for_deadline) : nlohmann::json()},
                       {"note", note}};

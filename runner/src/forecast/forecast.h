@@ -60,6 +60,7 @@ struct CardForecast {
   std::optional<double> hours_to_finish;
   std::optional<double> cost_to_finish;          ///< none without a price
   std::optional<double> lost_hours_per_reclaim;  ///< at most, at the checkpoint interval
+  std::optional<double> lost_cost_per_reclaim;   ///< those hours' price; none without a price
   /// When one card needs longer than the deadline: the fewest cards (dividing the global batch)
   /// that DDP needs to finish within it, assuming linear scaling; none otherwise or not possible.
   std::optional<int64_t> cards_for_deadline;

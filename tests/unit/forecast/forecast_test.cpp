@@ -60,6 +60,7 @@ TEST(Forecast, TimeCostLostWorkAndCardsForADeadline) {
   EXPECT_DOUBLE_EQ(*f.hours_to_finish, 25000.0 / 3600.0);
   EXPECT_DOUBLE_EQ(*f.cost_to_finish, 2.0 * 25000.0 / 3600.0);
   EXPECT_DOUBLE_EQ(*f.lost_hours_per_reclaim, 100 * 25.0 / 3600.0);  // an epoch
+  EXPECT_DOUBLE_EQ(*f.lost_cost_per_reclaim, 2.0 * 100 * 25.0 / 3600.0);
   EXPECT_FALSE(f.cards_for_deadline);
   w.checkpoint_every_seconds = 600;  // every_minutes 10 is sooner than an epoch
   EXPECT_DOUBLE_EQ(*forecast(card(20), w, 72).lost_hours_per_reclaim, 600.0 / 3600.0);
@@ -70,6 +71,8 @@ TEST(Forecast, TimeCostLostWorkAndCardsForADeadline) {
   EXPECT_FALSE(forecast(card(20), w, 0.01).cards_for_deadline);  // more than 16 cards
   // No price: no cost. An fp32 run on a card without fp32_tflops: no time.
   EXPECT_FALSE(forecast(card(20, 100, std::nullopt), w, 72).cost_to_finish);
+  EXPECT_FALSE(forecast(card(20, 100, std::nullopt), w, 72).lost_cost_per_reclaim);
+  EXPECT_TRUE(forecast(card(20, 100, std::nullopt), w, 72).lost_hours_per_reclaim);
   w.precision = "fp32";
   EXPECT_FALSE(forecast(card(20), w, 72).predicted_step_seconds);
 }
