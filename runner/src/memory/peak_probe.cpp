@@ -83,12 +83,16 @@ class Restorer {
 /// What autograd keeps of one layer of a Sequential, by the layer's kind (the tensors its
 /// backward formula in PyTorch's derivatives.yaml takes), added to `kept` by storage, so that a
 /// tensor kept by two layers (a ReLU's output that the next Linear takes) counts once; `kept`
-/// holds the storages alive, so that no later tensor reuses a kept one's address.
+/// holds the storages alive, so that no later tensor reuses a kept one's address. The bytes
+/// newly kept are added to `saved`.
 void keep_for_backward(const torch::nn::AnyModule& layer, const at::Tensor& in,
                        const at::Tensor& out, const ActivationDtypes& dtypes,
-                       std::map<const void*, c10::Storage>& kept, int64_t& fresh, double& flops) {
+                       std::map<const void*, c10::Storage>& kept, int64_t& saved, double& flops) {
   const std::string kind = layer.ptr()->name();
-  auto keep = [&](const at::Tensor& t) { kept.emplace(t.storage().data(), t.storage()); };
+  auto keep = [&](const at::Tensor& t) {
+    if (kept.emplace(t.storage().data(), t.storage()).second)
+      saved += static_cast<int64_t>(t.storage().nbytes());
+  };
   auto has = [&](const char* name) { return kind.find(name) != std::string::npos; };
   if (has("Linear") || has("Conv")) {
     // A multiply-add per weight element and output position: 2 x weight / out-channels x out.
@@ -100,17 +104,17 @@ void keep_for_backward(const torch::nn::AnyModule& layer, const at::Tensor& in,
     if (static_cast<int64_t>(in.element_size()) == dtypes.compute || !in.is_floating_point())
       keep(in);
     else
-      fresh += in.numel() * dtypes.compute;
+      saved += in.numel() * dtypes.compute;
   } else if (has("ReLU") || has("Sigmoid") || has("Tanh") || has("Softmax")) {
     keep(out);
   } else if (has("MaxPool")) {
     keep(in);
-    fresh += out.numel() * 8;  // the int64 indices of the maxima
+    saved += out.numel() * 8;  // the int64 indices of the maxima
   } else if (has("Dropout")) {
     const auto* d = layer.ptr()->as<torch::nn::DropoutImpl>();
     if (d && d->options.p() > 0) {
-      fresh += in.numel() * dtypes.dropout_mask(d->options.p(), in.element_size());
-      fresh += out.numel() * static_cast<int64_t>(out.element_size());  // the output it makes
+      saved += in.numel() * dtypes.dropout_mask(d->options.p(), in.element_size());
+      saved += out.numel() * static_cast<int64_t>(out.element_size());  // the output it makes
     }
   } else if (has("Flatten") || has("AdaptiveAvgPool") || has("Identity")) {
     // shapes only
@@ -131,14 +135,13 @@ void keep_for_backward(const torch::nn::AnyModule& layer, const at::Tensor& in,
 /// two paths at once, says so in its own activation_estimate().
 std::vector<SegmentActivations> walk_segments(SegmentedModel& model,
                                               const std::vector<int64_t>& input_shape,
-                                              c10::Device device, Precision precision) {
+                                              c10::Device device, Precision precision,
+                                              const ActivationDtypes& dtypes) {
   std::vector<int64_t> sample_shape{1};
   sample_shape.insert(sample_shape.end(), input_shape.begin(), input_shape.end());
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
-  const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
   at::Tensor x = at::zeros(sample_shape, at::TensorOptions().device(device));
   // The layers' outputs in the dtypes autocast gives them (bf16 or fp16 for matrix products).
   AutocastGuard autocast(precision, device);
@@ -147,16 +150,11 @@ std::vector<SegmentActivations> walk_segments(SegmentedModel& model,
   for (torch::nn::Sequential segment : model.segments()) {  // a copy of the holder: non-const
     SegmentActivations a;
     a.input_bytes = static_cast<int64_t>(x.nbytes());
-    int64_t kept_bytes_before = 0, fresh = 0;
-    for (const auto& entry : kept) kept_bytes_before += static_cast<int64_t>(entry.second.nbytes());
     for (auto& layer : *segment) {
       at::Tensor in = x;
       x = layer.forward(x);
-      keep_for_backward(layer, in, x, dtypes, kept, fresh, a.forward_flops);
+      keep_for_backward(layer, in, x, dtypes, kept, a.saved_bytes, a.forward_flops);
     }
-    int64_t kept_bytes = 0;
-    for (const auto& entry : kept) kept_bytes += static_cast<int64_t>(entry.second.nbytes());
-    a.saved_bytes = kept_bytes - kept_bytes_before + fresh;
     out.push_back(a);
   }
   if (was_training) model.train();
@@ -195,16 +193,15 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
   Estimate e;
   for (const auto& entry : state_dict(model)) e.parameters += entry.second.nbytes();
   const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
+  int64_t largest = 0;  // the largest trainable parameter, for the optimizer's temporaries
   for (const auto& p : model.parameters()) {
     if (!p.requires_grad()) continue;
     e.gradients += p.nbytes();
+    largest = std::max<int64_t>(largest, p.nbytes());
     // Autocast keeps a low-precision copy of each trainable weight matrix for the forward
     // and backward of a step (its cast cache); vectors (biases, norms) run in float32.
     if (precision != Precision::kFp32 && p.dim() >= 2) e.weight_casts += p.numel() * half;
   }
-  int64_t largest = 0;
-  for (const auto& p : model.parameters())
-    if (p.requires_grad()) largest = std::max<int64_t>(largest, p.nbytes());
   if (optim.name == "adam" || optim.name == "adamw") {
     e.optimizer_state = 2 * e.gradients;
     e.optimizer_temporaries = 2 * largest;
@@ -216,7 +213,7 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
   const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
   const std::vector<SegmentActivations> segments =
       model.activation_estimate() ? model.activation_estimate()(dtypes)
-                                  : walk_segments(model, input_shape, device, precision);
+                                  : walk_segments(model, input_shape, device, precision, dtypes);
   e.activations = micro_batch * activation_bytes(segments, checkpointing);
   for (const SegmentActivations& a : segments) e.forward_flops_per_sample += a.forward_flops;
   return e;
