@@ -107,11 +107,12 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
 }
 
 /// The plan from the estimate alone: the model built without its weights, nothing run.
+/// `data` and `shape`: the run's data and what probe_model_shape() learned for it.
 int estimate_plan(const RunConfig& config, const std::string& device, bool json,
                   const Registry& registry, const PlanOptions& options, std::ostream& out,
-                  const std::string& why) {
-  const auto start = std::chrono::steady_clock::now();
-  Session session = open_estimate_session(config, device, registry);
+                  const std::string& why, DatasetSplits data, const ModelShape& shape,
+                  std::chrono::steady_clock::time_point start) {
+  Session session = open_estimate_session(config, device, registry, std::move(data), shape);
   // The cards are GPUs: `auto` is bf16 on every card of compute capability >= 8 (the bundled
   // ones), and a model that describes its activations is estimated under CUDA's autocast.
   const bool automatic = config.train.precision == "auto";
@@ -179,29 +180,34 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
 int plan_command(const RunConfig& config, const std::string& device, int64_t memory_limit,
                  bool json, const Registry& registry, const PlanOptions& options,
                  std::ostream& out) {
-  if (options.estimate_only)
-    return estimate_plan(config, device, json, registry, options, out, "--estimate-only");
-  // Weights too large to build here (they are initialised in host memory first, whatever the
-  // device) are not built: their size is learned without them.
+  const auto start = std::chrono::steady_clock::now();
+  // The model's size, learned without its weights, and the data it was learned for: once, for
+  // the estimate whichever way it is reached. A TorchScript module is refused by the estimate.
+  DatasetSplits data;
+  ModelShape shape;
   if (config.model.torchscript.empty()) {
-    const ModelShape shape =
-        probe_model_shape(config, registry, registry.make_dataset(config.data));
-    const int64_t limit = memory_limit_bytes(config, memory_limit);
-    if (shape.error.empty() && (shape.weight_bytes > physical_memory_bytes() / 4 ||
-                                (limit > 0 && shape.weight_bytes > limit))) {
-      spdlog::info("the model's weights alone are {}: planning from the estimate",
-                   format_bytes(shape.weight_bytes));
-      return estimate_plan(config, device, json, registry, options, out,
-                           "the weights alone do not fit this machine or --memory-limit");
-    }
+    data = registry.make_dataset(config.data);
+    shape = probe_model_shape(config, registry, data);
+  }
+  auto from_estimate = [&](const std::string& why) {
+    return estimate_plan(config, device, json, registry, options, out, why, data, shape, start);
+  };
+  if (options.estimate_only) return from_estimate("--estimate-only");
+  // Weights too large to build here (they are initialised in host memory first, whatever the
+  // device) are not built.
+  const int64_t limit = memory_limit_bytes(config, memory_limit);
+  if (shape.error.empty() && (shape.weight_bytes > physical_memory_bytes() / 4 ||
+                              (limit > 0 && shape.weight_bytes > limit))) {
+    spdlog::info("the model's weights alone are {}: planning from the estimate",
+                 format_bytes(shape.weight_bytes));
+    return from_estimate("the weights alone do not fit this machine or --memory-limit");
   }
   std::optional<Session> opened;
   try {
     opened.emplace(open_session(config, device, memory_limit, registry));
   } catch (const WeightsDoNotFit& e) {
     spdlog::info("{}: planning from the estimate", e.what());
-    return estimate_plan(config, device, json, registry, options, out,
-                         "the weights alone do not fit this device");
+    return from_estimate("the weights alone do not fit this device");
   }
   Session& session = *opened;
   std::optional<MemoryPlan> made;
@@ -211,8 +217,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     // The run does not fit here; the cards may still take it.
     spdlog::info("{}: planning from the estimate", e.what());
     opened.reset();  // the meter and its limit go with the session
-    return estimate_plan(config, device, json, registry, options, out,
-                         std::string("the run does not fit this device: ") + e.what());
+    return from_estimate(std::string("the run does not fit this device: ") + e.what());
   }
   const MemoryPlan& plan = *made;
   const Estimate estimate = estimate_for(config, session, plan);

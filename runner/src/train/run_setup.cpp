@@ -115,7 +115,8 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
 }
 
 Session open_estimate_session(const RunConfig& config, const std::string& device,
-                              const Registry& registry) {
+                              const Registry& registry, DatasetSplits data,
+                              const ModelShape& shape) {
   if (!config.model.torchscript.empty())
     throw ConfigError(
         "a TorchScript model (model.torchscript) is loaded with its weights: plan "
@@ -123,8 +124,7 @@ Session open_estimate_session(const RunConfig& config, const std::string& device
   Session s;
   s.device = select_device(device, 0);
   s.loss = registry.make_loss(config.train.loss);
-  s.data = registry.make_dataset(config.data);
-  const ModelShape shape = probe_model_shape(config, registry, s.data);
+  s.data = std::move(data);
   if (!shape.error.empty())
     throw ConfigError("model " + config.model.name + " cannot be built without its weights (" +
                       shape.error + "): plan it by running it, without --estimate-only");

@@ -87,9 +87,11 @@ int64_t physical_memory_bytes();
 /// shapes. A model without its own activation_estimate() is built with its weights instead
 /// (the estimate runs its layers once), when they fit in a quarter of the machine's memory. Throws
 /// ConfigError for a TorchScript model, for a model whose factory cannot run without weights, and
-/// for one too large to walk without a description.
+/// for one too large to walk without a description. `data` is the run's data (config.data,
+/// unstaged) and `shape` what probe_model_shape() learned of the model for it.
 Session open_estimate_session(const RunConfig& config, const std::string& device,
-                              const Registry& registry);
+                              const Registry& registry, DatasetSplits data,
+                              const ModelShape& shape);
 
 /// The request for the planner from the config: global batch, configured micro-batch,
 /// capacity, headroom and strategy.
