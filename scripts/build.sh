@@ -6,12 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=$(scripts/install-deps.sh --print-torch-prefix)
 python=$(scripts/install-deps.sh --print-torch-python)
+# TensorBoard's reader for the tests ("" without it: those tests fail and say why).
+tools_python=$(scripts/install-deps.sh --print-tools-python 2>/dev/null || true)
 # Caffe2's CMake probes for a GPU to pick CUDA architectures; gpurun compiles no kernels of its
 # own, so name one list and spare the probe (and its warning) on machines without a GPU.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0"}
 mkdir -p build
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPURUN_BUILD_TESTS=ON \
-  -DCMAKE_PREFIX_PATH="$prefix" -DGPURUN_PYTHON="$python" >build/cmake.log 2>&1 || { mkdir -p build; cat build/cmake.log; exit 1; }
+  -DCMAKE_PREFIX_PATH="$prefix" -DGPURUN_PYTHON="$python" -DGPURUN_TOOLS_PYTHON="$tools_python" >build/cmake.log 2>&1 || { mkdir -p build; cat build/cmake.log; exit 1; }
 grep -E "^-- gpurun:" build/cmake.log || true
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done

@@ -25,6 +25,10 @@ packages=(
   libfuse3-dev libfuse3-3            # tests/tools/faultfs (the storage fault tests)
   libgloo-dev                        # headers only: c10d's ProcessGroupGloo.hpp includes them
   dataset-fashion-mnist              # /usr/share/datasets/fashion-mnist/*.gz
+  # RUN_DIR/tensorboard/: protoc (and the libraries it runs with) compiles TensorBoard's Event
+  # message at build time; gpurun links libprotobuf-lite.
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 protobuf-compiler libprotoc32
+  libjs-chart.js                     # gpurun report: Chart.js, compiled into the page
 )
 LIMIT_BYTES=$((60 * 1024 * 1024))
 
@@ -46,9 +50,11 @@ find "$out.tmp/sysroot" -type l | while read -r link; do
           ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$out.tmp/sysroot$target")" "$link" ;;
   esac
 done
-# Documentation is not needed to build; the .debs keep it for whoever wants it.
+# Documentation is not needed to build; the .debs keep it for whoever wants it. Nor are
+# protobuf's static libraries (9 MiB): gpurun links the shared libprotobuf-lite.
 rm -rf "$out.tmp/sysroot/usr/share/doc" "$out.tmp/sysroot/usr/share/man" \
-       "$out.tmp/sysroot/usr/share/lintian"
+       "$out.tmp/sysroot/usr/share/lintian" "$out.tmp"/sysroot/usr/lib/*/libprotobuf*.a \
+       "$out.tmp"/sysroot/usr/lib/*/libprotoc.a
 # The .debs themselves are only a record: drop them when the unpacked tree alone is too big.
 size=$(du -sb "$out.tmp" | cut -f1)
 if [ "$size" -gt "$LIMIT_BYTES" ]; then

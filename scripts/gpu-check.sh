@@ -87,6 +87,8 @@ if [ -z "$build_dir" ]; then
   [ -d "$data" ] || data=$sysroot/usr/share/datasets/fashion-mnist
   prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   t0=$(date +%s)
+  # The bundle's protoc runs at build time with the bundle's libprotoc and libprotobuf.
+  export LD_LIBRARY_PATH="$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0"} \
      cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
        -DGPURUN_BUILD_TESTS=ON -DGPURUN_BUILD_FUZZ=OFF -DGPURUN_PYTHON="$(command -v "$python")" \

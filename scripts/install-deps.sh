@@ -13,11 +13,15 @@
 #        scripts/install-deps.sh --print-torch-prefix  print the CMake prefix of the LibTorch to
 #                                                      build against, and nothing else
 #        scripts/install-deps.sh --print-torch-python  print the Python that has that torch
+#        scripts/install-deps.sh --print-tools-python  print the Python that has tensorboard
 set -euo pipefail
 
 TORCH_PIN=2.11.0     # the one place the PyPI release is named
+TENSORBOARD_PIN=2.21.0  # the official reader the tests check RUN_DIR/tensorboard/ with
 TORCH_MIN=2.7        # C++11-ABI wheels (Debian's yaml-cpp, spdlog link) and device-generic autocast
 GPURUN_TORCH_VENV=${GPURUN_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/torch-$TORCH_PIN}
+# TensorBoard for the tests, in a venv of its own: a user's python3 with torch stays untouched.
+GPURUN_TOOLS_VENV=${GPURUN_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/tools-tb$TENSORBOARD_PIN}
 
 packages=(
   build-essential cmake ninja-build pkg-config git ccache clang-format
@@ -32,6 +36,9 @@ packages=(
   libfuse3-dev                      # tests/tools/faultfs, the storage fault tests' FUSE file system
   iproute2 nftables                 # ip netns, nft: the network fault tests' two nodes
   clang                             # tests/fuzz: libFuzzer and the sanitizers (ctest -L fuzz)
+  libprotobuf-dev protobuf-compiler # RUN_DIR/tensorboard/: TensorBoard's Event messages
+  libjs-chart.js                    # gpurun report: Chart.js, inlined into the page at build time
+  chromium                          # tests/browser: the report opened in a real headless browser
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
 # would shadow the chosen LibTorch's, so it is removed when present.
@@ -61,6 +68,13 @@ EOF
 }
 
 case "${1:-}" in
+  --print-tools-python)
+    if ! "$GPURUN_TOOLS_VENV/bin/python" -c 'import tensorboard' 2>/dev/null; then
+      echo "install-deps: no tensorboard in $GPURUN_TOOLS_VENV; run scripts/install-deps.sh" >&2
+      exit 1
+    fi
+    echo "$GPURUN_TOOLS_VENV/bin/python"
+    exit 0 ;;
   --print-torch-prefix|--print-torch-python)
     py=$(torch_python)
     if [ -z "$py" ]; then
@@ -118,3 +132,8 @@ if [ -z "$py" ]; then
   py=$(torch_python)
 fi
 "$py" -c 'import torch; print("install-deps: LibTorch", torch.__version__, "from", torch.__file__.rsplit("/", 2)[0], "(CUDA", torch.version.cuda or "none", end=")\n")'
+if ! "$GPURUN_TOOLS_VENV/bin/python" -c 'import tensorboard' 2>/dev/null; then
+  echo "install-deps: installing tensorboard $TENSORBOARD_PIN from PyPI into $GPURUN_TOOLS_VENV"
+  python3 -m venv "$GPURUN_TOOLS_VENV"
+  "$GPURUN_TOOLS_VENV/bin/pip" install -q "tensorboard==$TENSORBOARD_PIN"
+fi

@@ -19,6 +19,7 @@
 #include "cli/options.h"
 #include "cli/plan_command.h"
 #include "cli/queue_command.h"
+#include "cli/report_command.h"
 #include "cli/status_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
@@ -41,6 +42,7 @@ const char* const kUsage =
     "              [--deadline HOURS] [--estimate-only] [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
+    "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
     "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
     "  gpurun export CKPT_DIR --to FILE [--merge-lora]";
 
@@ -136,6 +138,13 @@ Command parse_command_line(int argc, const char* const argv[]) {
     cmd.dir = args[1];
     return cmd;
   }
+  if (first == "report") {
+    if (args.size() != 2) usage_error("usage: gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]");
+    cmd.kind = Command::Kind::kReport;
+    cmd.dir = args[1];
+    if (r.count("out")) cmd.out = r["out"].as<std::string>();
+    return cmd;
+  }
   if (first == "queue") {
     if (args.size() != 2 || !r.count("dir"))
       usage_error("usage: gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N]");
@@ -220,6 +229,8 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
     case Command::Kind::kStatus:
       return status_command(cmd.dir, cmd.json, out);
+    case Command::Kind::kReport:
+      return report_command(cmd.dir, cmd.out, out);
     case Command::Kind::kExport:
       return export_command(cmd.dir, cmd.to, out, cmd.merge_lora);
     case Command::Kind::kQueue:

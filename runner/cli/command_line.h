@@ -15,23 +15,24 @@ namespace gpurun {
 class Registry;
 
 struct Command {
-  enum class Kind { kRun, kPlan, kCkpt, kStatus, kExport, kQueue, kHelp, kVersion };
+  enum class Kind { kRun, kPlan, kCkpt, kStatus, kReport, kExport, kQueue, kHelp, kVersion };
   Kind kind = Kind::kHelp;
   std::string config_path;             ///< run, plan; queue: QUEUE.yaml
   std::vector<std::string> overrides;  ///< --set KEY=VALUE, in order (the last wins)
   RunOptions run;                      ///< run
   std::string action;                  ///< ckpt: list | verify | inspect
-  std::string dir;                     ///< ckpt DIR, status RUN_DIR, export CKPT_DIR, queue --dir
-  int parallel = 1;                    ///< queue: --parallel N
-  std::string to;                      ///< export: --to FILE
-  bool merge_lora = false;             ///< export: --merge-lora
-  std::string cards;                   ///< plan: --cards FILE ("": the bundled table)
-  double deadline_hours = 72;          ///< plan: --deadline HOURS
-  bool estimate_only = false;          ///< plan: --estimate-only
-  bool json = false;                   ///< --json: one JSON object on stdout, logs on stderr
-  std::string help;                    ///< the --help text
-  LaunchRequest launch;                ///< run: restarts, DDP flags, the workers' command line;
-                                       ///< queue: max_restarts
+  std::string dir;          ///< ckpt DIR, status and report RUN_DIR, export CKPT_DIR, queue --dir
+  int parallel = 1;         ///< queue: --parallel N
+  std::string to;           ///< export: --to FILE
+  std::string out;          ///< report: --out FILE.html ("": DIR/report.html)
+  bool merge_lora = false;  ///< export: --merge-lora
+  std::string cards;        ///< plan: --cards FILE ("": the bundled table)
+  double deadline_hours = 72;  ///< plan: --deadline HOURS
+  bool estimate_only = false;  ///< plan: --estimate-only
+  bool json = false;           ///< --json: one JSON object on stdout, logs on stderr
+  std::string help;            ///< the --help text
+  LaunchRequest launch;        ///< run: restarts, DDP flags, the workers' command line;
+                               ///< queue: max_restarts
 };
 
 /// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an

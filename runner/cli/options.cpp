@@ -8,6 +8,7 @@ constexpr const char* kDistributed = "Distributed (DDP; under Slurm these come f
 constexpr const char* kQueue = "Queue";
 constexpr const char* kExport = "Export";
 constexpr const char* kPlan = "Plan";
+constexpr const char* kReport = "Report";
 constexpr const char* kOutput = "Output";
 
 using T = OptionSpec::Type;
@@ -38,6 +39,7 @@ const std::vector<OptionSpec>& option_table() {
     {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
+    {kReport, "out", T::kString, "FILE.html", "", "report: where to write the page (default: DIR/report.html)"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},
     {kOutput, "h,help", T::kFlag, "", "", "show this help"},
     {kOutput, "version", T::kFlag, "", "", "print the version"},
@@ -47,8 +49,8 @@ const std::vector<OptionSpec>& option_table() {
 }
 
 const std::vector<std::string>& option_groups() {
-  static const std::vector<std::string> groups = {kRun,   kDistributed, kPlan,
-                                                  kQueue, kExport,      kOutput};
+  static const std::vector<std::string> groups = {kRun,    kDistributed, kPlan,  kQueue,
+                                                  kExport, kReport,      kOutput};
   return groups;
 }
 

@@ -67,14 +67,18 @@ void enqueue(std::deque<Op>& queue, Kind kind, const std::string& path, const st
 }
 }  // namespace
 
-void BackgroundFileWriter::append_line(const std::string& path, const std::string& line) {
+void BackgroundFileWriter::append_bytes(const std::string& path, const std::string& data) {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   if (shared_->queue.size() >= kMaxQueued) {
     ++shared_->dropped;
     return;
   }
-  enqueue(shared_->queue, Kind::kAppend, path, line);
+  enqueue(shared_->queue, Kind::kAppend, path, data);
   shared_->changed.notify_all();
+}
+
+void BackgroundFileWriter::append_line(const std::string& path, const std::string& line) {
+  append_bytes(path, line + '\n');
 }
 
 void BackgroundFileWriter::replace_file(const std::string& path, const std::string& data) {
@@ -116,7 +120,7 @@ void BackgroundFileWriter::loop(std::shared_ptr<Shared> s) {
     try {
       switch (op.kind) {
         case Kind::kAppend:
-          fs::append_line(op.path, op.data);
+          fs::append_bytes(op.path, op.data);
           break;
         case Kind::kReplace:
           fs::replace_file(op.path, op.data);
@@ -132,8 +136,9 @@ void BackgroundFileWriter::loop(std::shared_ptr<Shared> s) {
     if (error.empty()) s->failed.erase(op.path);
     if (s->queue.empty() && s->warned_stall) {
       s->warned_stall = false;
-      spdlog::info("the run directory's storage caught up{}",
-                   s->dropped ? " (" + std::to_string(s->dropped) + " metrics lines dropped)" : "");
+      spdlog::info(
+          "the run directory's storage caught up{}",
+          s->dropped ? " (" + std::to_string(s->dropped) + " metrics records dropped)" : "");
       s->dropped = 0;
     }
     s->changed.notify_all();

@@ -1,8 +1,8 @@
-// The run directory's writes (metrics.jsonl, status.json) from a background thread, so that
-// slow or hung storage under the run directory (an NFS mount that stopped answering) never
-// stalls training. Appends keep their order; a replaced file keeps only its newest content
-// while it waits. When the storage falls more than 10 s behind, one warning says so, and one
-// more when it caught up; a write that fails is warned about once per file, and training goes
+// The run directory's writes (metrics.jsonl, status.json, the TensorBoard files) from a background
+// thread, so that slow or hung storage under the run directory (an NFS mount that stopped
+// answering) never stalls training. Appends keep their order; a replaced file keeps only its newest
+// content while it waits. When the storage falls more than 10 s behind, one warning says so, and
+// one more when it caught up; a write that fails is warned about once per file, and training goes
 // on.
 #pragma once
 
@@ -20,7 +20,9 @@ class BackgroundFileWriter {
   BackgroundFileWriter(const BackgroundFileWriter&) = delete;
   BackgroundFileWriter& operator=(const BackgroundFileWriter&) = delete;
 
-  /// fs::append_line(path, line), in the order of the calls.
+  /// fs::append_bytes(path, data), in the order of the calls (with append_line's).
+  void append_bytes(const std::string& path, const std::string& data);
+  /// append_bytes(path, line + '\n').
   void append_line(const std::string& path, const std::string& line);
   /// fs::replace_file(path, data) with the newest data given for `path` by then.
   void replace_file(const std::string& path, const std::string& data);

@@ -1,6 +1,7 @@
 #include "report/reporter.h"
 
 #include "report/file_writer.h"
+#include "report/tensorboard_writer.h"
 #include "util/detached_call.h"
 
 #include <fcntl.h>
@@ -110,6 +111,8 @@ Reporter::Reporter(std::string run_dir, bool enabled, int rank)
       tty_(isatty(STDERR_FILENO) != 0 || std::getenv("GPURUN_STDERR_TTY") != nullptr),
       files_(std::make_unique<BackgroundFileWriter>()) {
   fs::make_dirs(run_dir_);
+  if (enabled_)
+    tensorboard_ = std::make_unique<TensorBoardWriter>(run_dir_ + "/tensorboard", *files_);
   status_["pid"] = static_cast<int64_t>(getpid());
   status_["host"] = host_name();
   if (enabled_ && tty_) {
@@ -142,6 +145,12 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   // A full, read-only or hung disk must not stop training over its log (the writer warns);
   // the checkpoints on it report their own failures (checkpoint.max_failures).
   files_->append_line(run_dir_ + "/metrics.jsonl", line.dump());
+  tensorboard_->record(line);
+}
+
+void Reporter::write_file(const std::string& name, const std::string& data) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (enabled_) files_->replace_file(run_dir_ + "/" + name, data);
 }
 
 void Reporter::status(const nlohmann::json& fields, bool force) {

@@ -1,5 +1,6 @@
 // What a run tells the user and the tools watching it (docs/architecture.md, "Run directory"):
-// metrics.jsonl (one event a line), status.json (replaced atomically at least every 10 s),
+// metrics.jsonl (one event a line), the same events' scalars as TensorBoard files
+// (tensorboard_writer.h), status.json (replaced atomically at least every 10 s),
 // and a progress line on stderr that refreshes in place on a terminal and prints plain
 // periodic lines when stderr is a file. On a terminal, every log line clears the progress
 // line first and draws it again after, so that the screen never keeps a stale one.
@@ -27,6 +28,7 @@ class DetachedCall;
 
 class BackgroundFileWriter;
 class ProgressLine;
+class TensorBoardWriter;
 
 /// Thread-safe: a stop that cannot wait for the training thread records itself from another
 /// one (signals.h, set_immediate_stop_action).
@@ -42,12 +44,17 @@ class Reporter {
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
-  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl. "time" is the
+  /// Appends {"event": name, "time": unix seconds, ...fields} to metrics.jsonl, and its scalars
+  /// to the TensorBoard file. "time" is the
   /// call's moment unless `fields` has its own (the moment the caller measured, e.g. a step's
   /// end, so that rates computed from the times agree with the rates reported). On every
   /// rank, first brings the heartbeat up to date (flush_heartbeat): an event marks a moment
   /// (a save, a stop, the end) whose step the launcher may report.
   void event(const std::string& name, nlohmann::json fields);
+
+  /// Replaces RUN_DIR/`name` with `data` from the background writer (rank 0 only): the
+  /// resolved config.json that `gpurun report` shows.
+  void write_file(const std::string& name, const std::string& data);
 
   /// Merges `fields` into the status and rewrites status.json when `force` or when the last
   /// write is 10 s old or more. Adds pid, host and the update time.
@@ -91,7 +98,8 @@ class Reporter {
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
   std::recursive_mutex mutex_;  ///< everything above; recursive for end_run's event + status
-  std::unique_ptr<BackgroundFileWriter> files_;  ///< writes every file of the run directory
+  std::unique_ptr<BackgroundFileWriter> files_;     ///< writes every file of the run directory
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  ///< RUN_DIR/tensorboard/; null off rank 0
   std::shared_ptr<ProgressLine> line_;  ///< the terminal's progress line; null off a terminal
   /// The logger's sinks before they were wrapped, restored by the destructor.
   std::vector<std::shared_ptr<spdlog::sinks::sink>> original_sinks_;

@@ -19,6 +19,7 @@
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
 #include "distributed/collectives.h"
+#include "gpurun/config.h"
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "gpurun/model.h"
@@ -169,6 +170,9 @@ class Trainer {
       session_first_step_ = global_step_;
       nlohmann::json plan_event = plan_.to_json();
       plan_event["time"] = start_time;
+      plan_event["global_step"] = global_step_;
+      plan_event["restarts"] = options_.restart_count;
+      reporter_.write_file("config.json", config_to_json(config_).dump(2) + "\n");
       if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
       reporter_.event("plan", plan_event);
       reporter_.status({{"state", "running"},
@@ -595,7 +599,10 @@ class Trainer {
         format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
         smaller.accumulation_steps);
     plan_ = smaller;
-    reporter_.event("plan", plan_.to_json());
+    nlohmann::json plan_event = plan_.to_json();
+    plan_event["global_step"] = global_step_;
+    plan_event["out_of_memory"] = true;  // a fallback, not a start: gpurun report marks it
+    reporter_.event("plan", plan_event);
   }
 
   /// Copies rank 0's buffers (BatchNorm's running statistics) to every rank. Each rank updates

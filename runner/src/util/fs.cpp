@@ -197,7 +197,10 @@ void replace_file(const std::string& path, const std::string& data) {
 }
 
 void append_line(const std::string& path, const std::string& line) {
-  const std::string data = line + '\n';
+  append_bytes(path, line + '\n');
+}
+
+void append_bytes(const std::string& path, const std::string& data) {
   // Opening is safe to retry; the write is not (a retried append could duplicate the line),
   // except for EINTR/EAGAIN, which write_all handles because nothing was written.
   auto fd =
@@ -207,7 +210,7 @@ void append_line(const std::string& path, const std::string& line) {
     if (errno != EINTR && errno != EAGAIN) throw_errno("append", path);
     write_all(fd->get(), data, path);
   } else if (static_cast<size_t>(n) != data.size()) {
-    // A short append (disk full) leaves a partial line; report it rather than appending the
+    // A short append (disk full) leaves a partial record; report it rather than appending the
     // rest in a second write that another appender could interleave with.
     throw IoError("append (short write of " + std::to_string(n) + " of " +
                       std::to_string(data.size()) + " bytes)",

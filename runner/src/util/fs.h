@@ -22,7 +22,11 @@ void write_file(const std::string& path, const std::string& data);
 /// fsyncs the directory: readers see the old or the new content. Throws IoError.
 void replace_file(const std::string& path, const std::string& data);
 
-/// Appends `line` plus '\n' to `path` in a single write(2). Throws IoError.
+/// Appends `data` to `path` (created when missing) in a single write(2), then fsyncs: a reader
+/// sees all of it or, after a crash, a cut tail. Throws IoError (a short write: ENOSPC).
+void append_bytes(const std::string& path, const std::string& data);
+
+/// append_bytes(path, line + '\n').
 void append_line(const std::string& path, const std::string& line);
 
 /// Sees each chunk of a copy as it passes: a checksum, a progress bar.

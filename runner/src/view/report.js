@@ -1,0 +1,152 @@
+// gpurun report: draws the page's data (view/report_data.h describes the object) with Chart.js,
+// which the page inlines before this script. Everything is computed by gpurun; this only draws.
+(function () {
+  'use strict';
+  var data = JSON.parse(document.getElementById('gpurun-data').textContent);
+  var app = document.getElementById('app');
+  var palette = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2',
+                 '#7f7f7f', '#bcbd22', '#17becf'];
+  var markColours = {resume: '#2ca02c', restart: '#9467bd', signal: '#ff7f0e', kill: '#d62728',
+                     oom: '#8c564b', failure: '#d62728'};
+
+  function element(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined) e.textContent = text;
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function table(columns, rows, cls) {
+    var t = element('table', undefined, cls);
+    var head = t.createTHead().insertRow();
+    columns.forEach(function (c) { head.appendChild(element('th', c)); });
+    var body = t.createTBody();
+    rows.forEach(function (r) {
+      var row = body.insertRow();
+      r.forEach(function (cell) { row.insertCell().textContent = cell; });
+    });
+    return t;
+  }
+
+  // Dashed vertical lines at each mark's position on the chart's x axis (step or minutes).
+  var markPlugin = {
+    id: 'gpurunMarks',
+    afterDatasetsDraw: function (chart, args, options) {
+      var marks = options.marks || [];
+      if (!marks.length) return;
+      var ctx = chart.ctx, area = chart.chartArea, x = chart.scales.x;
+      ctx.save();
+      ctx.setLineDash([5, 4]);
+      ctx.lineWidth = 1.5;
+      ctx.font = '11px sans-serif';
+      marks.forEach(function (m, i) {
+        var value = options.axis === 'minutes' ? m.minutes : m.step;
+        var px = x.getPixelForValue(value);
+        if (px < area.left - 1 || px > area.right + 1) return;
+        ctx.strokeStyle = ctx.fillStyle = markColours[m.kind] || '#444';
+        ctx.beginPath();
+        ctx.moveTo(px, area.top);
+        ctx.lineTo(px, area.bottom);
+        ctx.stroke();
+        ctx.fillText(m.kind, px + 3, area.top + 12 + 12 * (i % 3));
+      });
+      ctx.restore();
+    }
+  };
+
+  // Epochs are whole numbers, drawn half an epoch in from the edges so no point sits on one.
+  function xScale(spec, datasets) {
+    var scale = {type: 'linear', title: {display: true, text: spec.x_label}};
+    if (spec.x_axis !== 'epoch') return scale;
+    var last = 1;
+    datasets.forEach(function (d) {
+      d.data.forEach(function (p) { last = Math.max(last, p.x); });
+    });
+    scale.min = 0.5;
+    scale.max = last + 0.5;
+    scale.ticks = {stepSize: 1, callback: function (v) { return Number.isInteger(v) ? v : ''; }};
+    return scale;
+  }
+
+  function drawChart(spec, index) {
+    var box = element('section', undefined, 'chart');
+    box.appendChild(element('h2', spec.title));
+    var points = spec.datasets.reduce(function (n, d) { return n + d.points.length; }, 0);
+    if (!points) {
+      box.appendChild(element('p', 'nothing logged yet', 'empty'));
+      app.appendChild(box);
+      return;
+    }
+    var canvas = element('canvas');
+    canvas.id = 'chart-' + spec.id;
+    canvas.setAttribute('aria-label', spec.title);
+    var plot = element('div', undefined, 'plot');  // Chart.js sizes the canvas to this box
+    plot.appendChild(canvas);
+    box.appendChild(plot);
+    app.appendChild(box);
+    var datasets = spec.datasets.filter(function (d) { return d.points.length; })
+      .map(function (d, i) {
+        var colour = palette[(index + i) % palette.length];
+        return {
+          label: d.label,
+          data: d.points.map(function (p) { return {x: p[0], y: p[1]}; }),
+          borderColor: colour,
+          backgroundColor: colour,
+          showLine: d.style !== 'points',
+          pointRadius: d.style === 'points' || d.points.length < 30 ? 3 : 0,
+          borderWidth: 1.5,
+          tension: 0
+        };
+      });
+    var marks = spec.marks ? data.marks : [];
+    new Chart(canvas, {
+      type: 'scatter',
+      data: {datasets: datasets},
+      options: {
+        animation: false,
+        responsive: true,
+        maintainAspectRatio: false,
+        parsing: false,
+        scales: {
+          x: xScale(spec, datasets),
+          y: {type: spec.y_scale === 'logarithmic' ? 'logarithmic' : 'linear',
+              title: {display: true, text: spec.y_label}}
+        },
+        plugins: {
+          legend: {position: 'bottom'},
+          gpurunMarks: {marks: marks, axis: spec.x_axis}
+        }
+      },
+      plugins: [markPlugin]
+    });
+  }
+
+  document.title = 'gpurun report: ' + data.title;
+  var header = element('header');
+  header.appendChild(element('h1', 'gpurun report'));
+  header.appendChild(element('p', data.title + ' \u2014 generated ' +
+                             new Date(data.generated * 1000).toISOString().replace('T', ' ')
+                               .slice(0, 19) + ' UTC', 'subtitle'));
+  app.appendChild(header);
+  data.notes.forEach(function (n) { app.appendChild(element('p', n, 'note')); });
+  app.appendChild(table(['', ''], data.summary, 'summary'));
+  var charts = element('div', undefined, 'charts');
+  var holder = app;
+  app = charts;
+  data.charts.forEach(drawChart);
+  app = holder;
+  app.appendChild(charts);
+  data.tables.forEach(function (t) {
+    var section;
+    if (t.collapsed) {
+      section = element('details', undefined, 'table');
+      section.appendChild(element('summary', t.title + ' (' + t.rows.length + ' rows)'));
+    } else {
+      section = element('section', undefined, 'table');
+      section.appendChild(element('h2', t.title));
+    }
+    section.appendChild(table(t.columns, t.rows));
+    app.appendChild(section);
+  });
+  document.body.setAttribute('data-charts', String(document.querySelectorAll('canvas').length));
+})();

@@ -1,0 +1,81 @@
+#include "view/report_page.h"
+
+#include <nlohmann/json.hpp>
+
+#include "util/fs.h"
+#include "view/page_assets.h"
+#include "view/report_data.h"
+#include "view/run_history.h"
+
+namespace gpurun {
+namespace {
+
+template <size_t N>
+std::string joined(const std::string_view (&parts)[N]) {
+  std::string out;
+  for (std::string_view p : parts) out += p;
+  return out;
+}
+
+/// Script text made safe inside a <script> element: "</" could end the element early, and
+/// "<!--" would open an HTML comment. "<\/" and "<\!--" mean the same in JavaScript's strings
+/// and regular expressions.
+std::string script_safe(std::string text) {
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"</", "<\\/"},
+                                 std::pair<std::string, std::string>{"<!--", "<\\!--"}}) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+/// JSON text whose '<', '>' and '&' are written as \u escapes: valid JSON still (they occur
+/// only in strings), and nothing in it can end or change the script element that holds it.
+std::string json_for_script(const nlohmann::json& data) {
+  const std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '<')
+      out += "\\u003c";
+    else if (c == '>')
+      out += "\\u003e";
+    else if (c == '&')
+      out += "\\u0026";
+    else
+      out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string report_html(const nlohmann::json& data) {
+  std::string page =
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      "<title>gpurun report</title>\n<style>\n";
+  page += joined(kReportCss);
+  page += "</style>\n</head>\n<body>\n<div id=\"app\"></div>\n";
+  // The data as JSON in a script element that is not run; the page's script reads it with
+  // JSON.parse.
+  page += "<script type=\"application/json\" id=\"gpurun-data\">";
+  page += json_for_script(data);
+  page += "</script>\n<script>\n";
+  page += script_safe(joined(kChartJs));
+  page += "\n</script>\n<script>\n";
+  page += script_safe(joined(kReportJs));
+  page += "</script>\n</body>\n</html>\n";
+  return page;
+}
+
+std::string write_report(const std::string& dir, const std::string& out) {
+  const nlohmann::json data = fs::exists(dir + "/queue.json")
+                                  ? queue_report_data(dir)
+                                  : run_report_data(read_run_history(dir));
+  const std::string path = out.empty() ? dir + "/report.html" : out;
+  fs::replace_file(path, report_html(data));
+  return path;
+}
+
+}  // namespace gpurun

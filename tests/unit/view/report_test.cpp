@@ -1,0 +1,169 @@
+// gpurun report's reading and reckoning (view/): a run directory read up to its last complete
+// line, the processes of a killed and resumed run reconciled, and a page that stays one page
+// whatever the config holds. That the page renders is checked in Chromium
+// (tests/integration/see_the_run_test.cpp).
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/temp_dir.h"
+#include "gpurun/errors.h"
+#include "view/report_data.h"
+#include "view/report_page.h"
+#include "view/run_history.h"
+
+namespace {
+
+using nlohmann::json;
+
+void write(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+std::string error_of(const std::string& dir) {
+  try {
+    gpurun::read_run_history(dir);
+  } catch (const gpurun::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const json* chart(const json& data, const std::string& id) {
+  for (const json& c : data["charts"])
+    if (c["id"] == id) return &c;
+  return nullptr;
+}
+
+std::vector<double> xs(const json& dataset) {
+  std::vector<double> out;
+  for (const json& p : dataset["points"]) out.push_back(p[0].get<double>());
+  return out;
+}
+
+TEST(RunHistory, BadInputIsNamed) {
+  gpurun::test::TempDir dir("history");
+  EXPECT_NE(error_of(dir.path() + "/missing").find("no such directory"), std::string::npos);
+  EXPECT_NE(error_of(dir.path()).find("no metrics.jsonl"), std::string::npos);
+  write(std::filesystem::path(dir.path()) / "metrics.jsonl", "");
+  EXPECT_NE(error_of(dir.path()).find("is empty"), std::string::npos);
+  write(std::filesystem::path(dir.path()) / "metrics.jsonl", "{\"event\": \"pl");
+  EXPECT_NE(error_of(dir.path()).find("no complete event"), std::string::npos);
+}
+
+TEST(RunHistory, AHalfWrittenLastLineIsLeftOutAndABrokenOneSkipped) {
+  gpurun::test::TempDir dir("history");
+  write(std::filesystem::path(dir.path()) / "metrics.jsonl",
+        "{\"event\":\"plan\",\"time\":1,\"global_step\":0}\n"
+        "not json\n"
+        "{\"event\":\"step\",\"time\":2,\"global_step\":10,\"loss\":1.5}\n"
+        "{\"event\":\"step\",\"time\":3,\"glob");
+  const gpurun::RunHistory run = gpurun::read_run_history(dir.path());
+  EXPECT_EQ(run.events.size(), 2u);
+  EXPECT_EQ(run.complete_lines, 3);
+  EXPECT_TRUE(run.incomplete_tail);
+  ASSERT_EQ(run.unreadable_lines.size(), 1u);
+  EXPECT_EQ(run.unreadable_lines[0], 2);
+  const json data = gpurun::run_report_data(run);
+  ASSERT_GE(data["notes"].size(), 2u);
+  EXPECT_NE(data["notes"][0].get<std::string>().find("read up to line 3"), std::string::npos);
+}
+
+// Process 1 trains to step 30, saves at 20 and is SIGKILLed; process 2 resumes at 20 and
+// trains again from 21: its steps replace process 1's after 20 on the step axis, and the
+// kill, the resume, a signal and an out-of-memory fallback are marked.
+TEST(RunReport, AResumeKeepsTheStepsOfTheProcessThatWentOn) {
+  gpurun::RunHistory run;
+  run.dir = "/runs/x";
+  run.events = {
+      {{"event", "plan"},
+       {"time", 100.0},
+       {"global_step", 0},
+       {"micro_batch", 64},
+       {"capacity_bytes", 1 << 30},
+       {"measured_peak_bytes", 1 << 20}},
+      {{"event", "step"}, {"time", 110.0}, {"global_step", 10}, {"loss", 2.0}, {"lr", 0.1}},
+      {{"event", "step"}, {"time", 120.0}, {"global_step", 20}, {"loss", 1.5}, {"lr", 0.1}},
+      {{"event", "epoch"},
+       {"time", 121.0},
+       {"global_step", 20},
+       {"epoch", 0},
+       {"eval_accuracy", 0.7},
+       {"eval_loss", 1.1},
+       {"peak_bytes", 1 << 20}},
+      {{"event", "checkpoint"},
+       {"time", 122.0},
+       {"global_step", 20},
+       {"stall_seconds", 0.01},
+       {"write_seconds", 0.3}},
+      {{"event", "step"}, {"time", 130.0}, {"global_step", 30}, {"loss", 9.0}, {"lr", 0.1}},
+      {{"event", "resume"}, {"time", 200.0}, {"global_step", 20}, {"path", "/runs/x/ckpt-20"}},
+      {{"event", "plan"},
+       {"time", 201.0},
+       {"global_step", 20},
+       {"micro_batch", 64},
+       {"capacity_bytes", 1 << 30},
+       {"restarts", 0}},
+      {{"event", "step"}, {"time", 210.0}, {"global_step", 30}, {"loss", 1.2}, {"lr", 0.05}},
+      {{"event", "plan"},
+       {"time", 211.0},
+       {"global_step", 30},
+       {"micro_batch", 32},
+       {"accumulation_steps", 2},
+       {"out_of_memory", true}},
+      {{"event", "signal"}, {"time", 215.0}, {"global_step", 35}, {"signal", 15}},
+      {{"event", "done"}, {"time", 216.0}, {"exit_code", 75}},
+  };
+  const json data = gpurun::run_report_data(run);
+  const json* loss = chart(data, "loss");
+  ASSERT_NE(loss, nullptr);
+  EXPECT_EQ(xs((*loss)["datasets"][0]), (std::vector<double>{10, 20, 30}));
+  EXPECT_DOUBLE_EQ((*loss)["datasets"][0]["points"][2][1].get<double>(), 1.2);  // not 9.0
+  const json* accuracy = chart(data, "accuracy");
+  EXPECT_EQ(xs((*accuracy)["datasets"][0]), (std::vector<double>{1}));  // epoch 0 is the first
+  // Throughput is on the time axis: both processes' rates stay (none logged here).
+  std::vector<std::string> kinds;
+  for (const json& m : data["marks"]) kinds.push_back(m["kind"]);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"kill", "resume", "oom", "signal"}));
+  EXPECT_EQ(data["marks"][0]["step"], 30);
+  EXPECT_DOUBLE_EQ(data["marks"][0]["minutes"].get<double>(), 30.0 / 60);  // its last event
+  EXPECT_EQ(data["marks"][1]["step"], 20);
+  EXPECT_NE(data["marks"][2]["label"].get<std::string>().find("64 -> 32"), std::string::npos);
+  EXPECT_NE(data["marks"][3]["label"].get<std::string>().find("SIGTERM"), std::string::npos);
+  EXPECT_DOUBLE_EQ(data["marks"][1]["minutes"].get<double>(), 101.0 / 60);
+  // Every table is rows of cells, as the page draws them.
+  ASSERT_GE(data["tables"].size(), 3u);  // events, plan, peak breakdown
+  for (const json& t : data["tables"]) {
+    ASSERT_TRUE(t["rows"].is_array()) << t.dump();
+    for (const json& row : t["rows"]) {
+      ASSERT_TRUE(row.is_array()) << t.dump();
+      EXPECT_EQ(row.size(), t["columns"].size()) << t.dump();
+    }
+  }
+}
+
+TEST(RunReport, ThePageIsOneSelfContainedDocumentWhateverTheConfigHolds) {
+  gpurun::RunHistory run;
+  run.dir = "/runs/<b>x</b>";
+  run.events = {{{"event", "plan"}, {"time", 1.0}, {"global_step", 0}}};
+  run.config = {{"model", {{"name", "</script><script>alert(1)</script><!--"}}}};
+  const std::string page = gpurun::report_html(gpurun::run_report_data(run));
+  EXPECT_EQ(page.find("alert(1)</script>"), std::string::npos);
+  EXPECT_EQ(page.find("<script>alert(1)"), std::string::npos);
+  EXPECT_NE(page.find("\\u003c/script\\u003e\\u003cscript\\u003ealert(1)"), std::string::npos);
+  EXPECT_EQ(page.find("<!--"), std::string::npos);
+  EXPECT_NE(page.find("Chart.js v3"), std::string::npos);  // inlined, not fetched
+  EXPECT_EQ(page.find("<script src"), std::string::npos);
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  // Three scripts (the data, Chart.js, the page's), each closed once.
+  size_t closes = 0;
+  for (size_t at = page.find("</script>"); at != std::string::npos;
+       at = page.find("</script>", at + 1))
+    ++closes;
+  EXPECT_EQ(closes, 3u);
+}
+
+}  // namespace
