@@ -200,7 +200,8 @@ TEST_F(KilledAndResumed, TheReportMarksTheKillsResumesAndSignalAndRendersInChrom
   std::vector<std::string> titles;
   for (const auto& t : data["tables"]) titles.push_back(t["title"]);
   EXPECT_EQ(titles,
-            (std::vector<std::string>{"Events", "Plan", "Peak breakdown (measured by probes)",
+            (std::vector<std::string>{"Events", "Plan",
+                                      "Peak breakdown (the probes' measured parts; the estimate's)",
                                       "Resolved config"}));
 }
 

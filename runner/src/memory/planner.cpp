@@ -185,20 +185,22 @@ void MemoryPlan::validate() const {
 }
 
 nlohmann::json MemoryPlan::to_json() const {
-  return {{"global_batch", global_batch},
-          {"micro_batch", micro_batch},
-          {"accumulation_steps", accumulation_steps},
-          {"world_size", world_size},
-          {"eval_batch", eval_batch},
-          {"activation_checkpointing", activation_checkpointing},
-          {"measured_peak_bytes", measured_peak_bytes},
-          {"measured_peaks", measured.to_json()},
-          {"peak_part", measured.largest_part()},
-          {"estimated_peak_bytes", estimated_peak_bytes},
-          {"capacity_bytes", capacity_bytes},
-          {"step_seconds", step_seconds},
-          {"reason", reason},
-          {"precision", precision}};
+  nlohmann::json j = {{"global_batch", global_batch},
+                      {"micro_batch", micro_batch},
+                      {"accumulation_steps", accumulation_steps},
+                      {"world_size", world_size},
+                      {"eval_batch", eval_batch},
+                      {"activation_checkpointing", activation_checkpointing},
+                      {"measured_peak_bytes", measured_peak_bytes},
+                      {"measured_peaks", measured.to_json()},
+                      {"peak_part", measured.largest_part()},
+                      {"estimated_peak_bytes", estimated_peak_bytes},
+                      {"capacity_bytes", capacity_bytes},
+                      {"step_seconds", step_seconds},
+                      {"reason", reason},
+                      {"precision", precision}};
+  if (!estimate.is_null()) j["estimate"] = estimate;
+  return j;
 }
 
 MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
@@ -212,6 +214,7 @@ MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
   p.measured_peak_bytes = j.value("measured_peak_bytes", int64_t{0});
   if (j.contains("measured_peaks")) p.measured = MeasuredPeaks::from_json(j["measured_peaks"]);
   p.estimated_peak_bytes = j.value("estimated_peak_bytes", int64_t{0});
+  if (j.contains("estimate")) p.estimate = j["estimate"];
   p.capacity_bytes = j.value("capacity_bytes", int64_t{0});
   p.step_seconds = j.value("step_seconds", 0.0);
   p.reason = j.value("reason", std::string());

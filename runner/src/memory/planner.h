@@ -71,9 +71,12 @@ struct MemoryPlan {
   int64_t measured_peak_bytes = 0;   ///< measured.largest(): the run's peak (0: not measured)
   MeasuredPeaks measured;            ///< the probe peak of each part of the run
   int64_t estimated_peak_bytes = 0;  ///< analytic estimate of this plan
-  int64_t capacity_bytes = 0;        ///< device capacity the plan was made for
-  double step_seconds = 0;           ///< measured seconds per micro-batch step
-  std::string reason;                ///< why this plan: "fits as configured", ...
+  /// That estimate's parts (peak_probe.h, Estimate::to_json: parameters, gradients,
+  /// optimizer_state, activations, ... in bytes); null when not estimated.
+  nlohmann::json estimate;
+  int64_t capacity_bytes = 0;  ///< device capacity the plan was made for
+  double step_seconds = 0;     ///< measured seconds per micro-batch step
+  std::string reason;          ///< why this plan: "fits as configured", ...
   /// The precision the probes ran under: fp32, bf16 or fp16 (train.precision resolved).
   std::string precision = "fp32";
 

@@ -265,7 +265,9 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
         });
   }
   plan.precision = precision_name(session.precision.precision);
-  plan.estimated_peak_bytes = estimate_for(config, session, plan).total();
+  const Estimate estimate = estimate_for(config, session, plan);
+  plan.estimated_peak_bytes = estimate.total();
+  plan.estimate = estimate.to_json();
   plan.capacity_bytes = request.capacity_bytes;
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
   if (plan.micro_batch < 16 && has_batch_norm(*session.model))

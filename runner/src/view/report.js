@@ -64,7 +64,11 @@
     });
     scale.min = 0.5;
     scale.max = last + 0.5;
-    scale.ticks = {stepSize: 1, callback: function (v) { return Number.isInteger(v) ? v : ''; }};
+    scale.afterBuildTicks = function (axis) {
+      var ticks = [];
+      for (var e = 1; e <= last; ++e) ticks.push({value: e});
+      axis.ticks = ticks;
+    };
     return scale;
   }
 

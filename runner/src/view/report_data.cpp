@@ -314,9 +314,22 @@ json plan_tables(const json& plan) {
   }
   rows.push_back({"estimate of a training step", bytes_text(plan, "estimated_peak_bytes"),
                   share(number(plan, "estimated_peak_bytes").value_or(0))});
+  // The estimate's parts (memory/peak_probe.h): where a training step's bytes go.
+  const json estimate = plan.value("estimate", json::object());
+  const std::pair<const char*, const char*> estimate_parts[] = {
+      {"parameters", "- parameters"},
+      {"gradients", "- gradients"},
+      {"optimizer_state", "- optimizer state"},
+      {"activations", "- activations kept for the backward pass"},
+      {"weight_casts", "- weight casts (mixed precision)"},
+      {"optimizer_temporaries", "- the optimizer step's temporaries"}};
+  for (const auto& [key, label] : estimate_parts) {
+    const auto v = number(estimate, key);
+    if (v && *v > 0) rows.push_back({label, format_bytes(static_cast<int64_t>(*v)), share(*v)});
+  }
   rows.push_back({"capacity", bytes_text(plan, "capacity_bytes"), capacity > 0 ? "100 %" : ""});
-  tables.push_back(
-      table("Peak breakdown (measured by probes)", {"part", "peak", "of capacity"}, rows));
+  tables.push_back(table("Peak breakdown (the probes' measured parts; the estimate's)",
+                         {"part", "peak", "of capacity"}, rows));
   return tables;
 }
 

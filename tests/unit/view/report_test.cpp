@@ -2,6 +2,7 @@
 // line, the processes of a killed and resumed run reconciled, and a page that stays one page
 // whatever the config holds. That the page renders is checked in Chromium
 // (tests/integration/see_the_run_test.cpp).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -106,14 +107,16 @@ TEST(RunReport, AResumeKeepsTheStepsOfTheProcessThatWentOn) {
        {"global_step", 20},
        {"micro_batch", 64},
        {"capacity_bytes", 1 << 30},
-       {"restarts", 0}},
+       {"restarts", 0},
+       {"estimate", {{"parameters", 1000}, {"gradients", 1000}, {"activations", 0}}}},
       {{"event", "step"}, {"time", 210.0}, {"global_step", 30}, {"loss", 1.2}, {"lr", 0.05}},
       {{"event", "plan"},
        {"time", 211.0},
        {"global_step", 30},
        {"micro_batch", 32},
        {"accumulation_steps", 2},
-       {"out_of_memory", true}},
+       {"out_of_memory", true},
+       {"estimate", {{"parameters", 1000}, {"gradients", 1000}, {"activations", 0}}}},
       {{"event", "signal"}, {"time", 215.0}, {"global_step", 35}, {"signal", 15}},
       {{"event", "done"}, {"time", 216.0}, {"exit_code", 75}},
   };
@@ -134,6 +137,14 @@ TEST(RunReport, AResumeKeepsTheStepsOfTheProcessThatWentOn) {
   EXPECT_NE(data["marks"][2]["label"].get<std::string>().find("64 -> 32"), std::string::npos);
   EXPECT_NE(data["marks"][3]["label"].get<std::string>().find("SIGTERM"), std::string::npos);
   EXPECT_DOUBLE_EQ(data["marks"][1]["minutes"].get<double>(), 101.0 / 60);
+  // The peak breakdown lists the estimate's parts that hold bytes.
+  std::vector<std::string> parts;
+  for (const json& t : data["tables"])
+    if (t["title"].get<std::string>().rfind("Peak breakdown", 0) == 0)
+      for (const json& row : t["rows"]) parts.push_back(row[0]);
+  EXPECT_NE(std::find(parts.begin(), parts.end(), "- parameters"), parts.end());
+  EXPECT_EQ(std::find(parts.begin(), parts.end(), "- activations kept for the backward pass"),
+            parts.end());
   // Every table is rows of cells, as the page draws them.
   ASSERT_GE(data["tables"].size(), 3u);  // events, plan, peak breakdown
   for (const json& t : data["tables"]) {
