@@ -243,6 +243,28 @@ TEST(SeeTheRun, ARunningRunIsReportedAndItsTensorBoardFileIsCurrent) {
   EXPECT_EQ(browser.exit_code, 0) << browser.out << browser.err;
 }
 
+// The supervisor's restart (--max-restarts) after a SIGKILL: marked as a restart, and the
+// TensorBoard file of the restarted worker continues the curve without repeating a step.
+TEST(SeeTheRun, ASupervisedRestartIsMarkedAndContinuesTheCurve) {
+  TempDir dir("see-the-run");
+  const std::string config = write_config(dir, small_config(960, 20, 1));
+  const std::string run = dir / "run";
+  const Result r = run_gpurun(
+      with_sets({config, "--ckpt", run, "--max-restarts", "1"}, {"checkpoint.every_steps=8"}),
+      {{"GPURUN_FAULT", "sleep100:after_step:*,sigkill:after_step:13"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Result report = run_gpurun({"report", run});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  const nlohmann::json data = page_data(run + "/report.html");
+  EXPECT_EQ(mark_kinds(data), (std::vector<std::string>{"kill", "restart"})) << data["marks"];
+  EXPECT_TRUE(contains(data["marks"][1]["label"], "restart 1: resumed at step 8")) << data["marks"];
+  if (!kToolsPython.empty()) {
+    const nlohmann::json tb = tensorboard_scalars(run + "/tensorboard");
+    ASSERT_EQ(tb["train/loss"].size(), 48u) << tb["train/loss"];
+    for (size_t i = 0; i < 48; ++i) EXPECT_EQ(tb["train/loss"][i][0], i + 1);
+  }
+}
+
 TEST(SeeTheRun, BadInputGetsAClearErrorAndExit2) {
   TempDir dir("see-the-run");
   Result missing = run_gpurun({"report", dir / "nope"});
