@@ -142,7 +142,10 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2) usage_error("usage: gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]");
     cmd.kind = Command::Kind::kReport;
     cmd.dir = args[1];
-    if (r.count("out")) cmd.out = r["out"].as<std::string>();
+    if (r.count("out")) {
+      cmd.out = r["out"].as<std::string>();
+      if (cmd.out.empty()) usage_error("--out needs a file name (default: DIR/report.html)");
+    }
     return cmd;
   }
   if (first == "queue") {

@@ -265,6 +265,19 @@ TEST(SeeTheRun, ASupervisedRestartIsMarkedAndContinuesTheCurve) {
   }
 }
 
+// A run SIGKILLed and not resumed: its status.json still says running, the report says dead.
+TEST(SeeTheRun, AKilledRunIsReportedDeadNotRunning) {
+  TempDir dir("see-the-run");
+  const std::string config = write_config(dir, small_config(400, 20, 1));
+  const Result r =
+      run_gpurun({config, "--ckpt", dir / "run"}, {{"GPURUN_FAULT", "sigkill:after_step:5"}});
+  ASSERT_EQ(r.signal, SIGKILL) << r.err;
+  const Result report = run_gpurun({"report", dir / "run"});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  const nlohmann::json data = page_data(dir / "run/report.html");
+  EXPECT_TRUE(contains(data["summary"][0][1], "dead")) << data["summary"];
+}
+
 TEST(SeeTheRun, BadInputGetsAClearErrorAndExit2) {
   TempDir dir("see-the-run");
   Result missing = run_gpurun({"report", dir / "nope"});
@@ -277,6 +290,28 @@ TEST(SeeTheRun, BadInputGetsAClearErrorAndExit2) {
   Result empty = run_gpurun({"report", dir.path()});
   EXPECT_EQ(empty.exit_code, 2);
   EXPECT_TRUE(contains(empty.err, "is empty")) << empty.err;
+  // --out never replaces what is not a page: one typo from the run's own files.
+  const std::string config = write_config(dir, small_config(200, 20, 1));
+  Result trained = run_gpurun({config, "--ckpt", dir / "run"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const std::string metrics = slurp(dir / "run/metrics.jsonl");
+  Result over = run_gpurun({"report", dir / "run", "--out", dir / "run/metrics.jsonl"});
+  EXPECT_EQ(over.exit_code, 2);
+  EXPECT_TRUE(contains(over.err, "is not an HTML page")) << over.err;
+  EXPECT_EQ(slurp(dir / "run/metrics.jsonl"), metrics);
+  Result into_dir = run_gpurun({"report", dir / "run", "--out", dir.path()});
+  EXPECT_EQ(into_dir.exit_code, 2);
+  EXPECT_TRUE(contains(into_dir.err, "is a directory")) << into_dir.err;
+  Result nowhere = run_gpurun({"report", dir / "run", "--out", dir / "no/such/x.html"});
+  EXPECT_EQ(nowhere.exit_code, 2);
+  EXPECT_TRUE(contains(nowhere.err, "no directory")) << nowhere.err;
+  Result twice = run_gpurun({"report", dir / "run"});
+  EXPECT_EQ(twice.exit_code, 0) << twice.err;
+  Result again = run_gpurun({"report", dir / "run"});  // its own page it replaces
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  Result file = run_gpurun({"report", config});
+  EXPECT_EQ(file.exit_code, 2);
+  EXPECT_TRUE(contains(file.err, "is not a directory")) << file.err;
   Result usage = run_gpurun({"report"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_TRUE(contains(usage.err, "usage: gpurun report")) << usage.err;

@@ -114,6 +114,19 @@ void BackgroundFileWriter::loop(std::shared_ptr<Shared> s) {
     }
     Op op = std::move(s->queue.front());
     s->queue.pop_front();
+    if (op.kind == Kind::kAppend) {
+      // Everything queued for the same file goes in one write and one fsync: when the storage
+      // is slow, an fsync is paid once per batch instead of once per record, and the queue
+      // (what a SIGKILL loses) stays short.
+      for (auto it = s->queue.begin(); it != s->queue.end();) {
+        if (it->kind == Kind::kAppend && it->path == op.path) {
+          op.data += it->data;
+          it = s->queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
     s->busy = true;
     lock.unlock();
     std::string error;

@@ -1,7 +1,8 @@
 // The run directory's writes (metrics.jsonl, status.json, the TensorBoard files) from a background
 // thread, so that slow or hung storage under the run directory (an NFS mount that stopped
-// answering) never stalls training. Appends keep their order; a replaced file keeps only its newest
-// content while it waits. When the storage falls more than 10 s behind, one warning says so, and
+// answering) never stalls training. Appends keep their order (those waiting for one file are
+// written together, one write and one fsync); a replaced file keeps only its newest content while
+// it waits. When the storage falls more than 10 s behind, one warning says so, and
 // one more when it caught up; a write that fails is warned about once per file, and training goes
 // on.
 #pragma once

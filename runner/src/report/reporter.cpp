@@ -144,7 +144,10 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   line.update(fields);
   // A full, read-only or hung disk must not stop training over its log (the writer warns);
   // the checkpoints on it report their own failures (checkpoint.max_failures).
-  files_->append_line(run_dir_ + "/metrics.jsonl", line.dump());
+  // A path that is not UTF-8 (a directory named in Latin-1) is written with U+FFFD in place
+  // of its bad bytes rather than stopping the run.
+  files_->append_line(run_dir_ + "/metrics.jsonl",
+                      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   tensorboard_->record(line);
 }
 
@@ -160,7 +163,9 @@ void Reporter::status(const nlohmann::json& fields, bool force) {
   if (!enabled_ || (!force && now - last_status_ < std::chrono::seconds(10))) return;
   last_status_ = now;
   status_["updated"] = unix_seconds();
-  files_->replace_file(run_dir_ + "/status.json", status_.dump(2) + "\n");
+  files_->replace_file(
+      run_dir_ + "/status.json",
+      status_.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& status_fields) {

@@ -86,14 +86,22 @@ ScalarRecord scalars_of_event(const nlohmann::json& line, double capacity_bytes)
     double x = 0;
     if (number(line, key, x)) r.values.emplace_back(tag, x);
   };
+  // A loss that is not a number (JSON writes NaN and infinity as null): TensorBoard shows NaN.
+  auto add_loss = [&](const char* key, const char* tag) {
+    auto it = line.find(key);
+    if (it != line.end() && it->is_null())
+      r.values.emplace_back(tag, std::nan(""));
+    else
+      add(key, tag);
+  };
   if (name == "step") {
-    add("loss", "train/loss");
+    add_loss("loss", "train/loss");
     add("lr", "train/lr");
     add("samples_per_second", "train/samples_per_second");
     add("loss_scale", "train/loss_scale");
   } else if (name == "epoch") {
-    add("train_loss", "train/epoch_loss");
-    add("eval_loss", "eval/loss");
+    add_loss("train_loss", "train/epoch_loss");
+    add("eval_loss", "eval/loss");  // null also when there is no evaluation set
     add("eval_accuracy", "eval/accuracy");
     add("peak_bytes", "memory/peak_bytes");
     if (!r.values.empty() && capacity_bytes > 0)

@@ -17,8 +17,9 @@
 // the next one would duplicate.
 //
 // Records go to the run directory's background writer (report/file_writer.h) as their event
-// happens, each appended in one write and fsynced: nothing waits in memory, so the files are
-// flushed at every event (every checkpoint among them), and slow storage never stalls training.
+// happens; it appends and fsyncs them as soon as the storage takes them (a checkpoint's with
+// the rest), and slow storage never stalls training. A SIGKILL loses what it had not written
+// yet: with healthy storage the records of the last few milliseconds.
 // A directory that cannot be made, or a file that cannot be written, is warned about once and
 // the run goes on without TensorBoard files.
 #pragma once
@@ -48,7 +49,8 @@ struct ScalarRecord {
 /// eval/accuracy, memory/peak_bytes, memory/capacity_bytes, memory/measured_peak_bytes,
 /// memory/estimated_peak_bytes, plan/micro_batch, plan/accumulation_steps,
 /// checkpoint/stall_seconds, checkpoint/write_seconds, checkpoint/bytes,
-/// checkpoint/copy_seconds. Throws nothing; non-numeric fields are left out.
+/// checkpoint/copy_seconds. Throws nothing; non-numeric fields are left out, except a null
+/// train loss (JSON's NaN or infinity: the run diverged), which is written as NaN.
 ScalarRecord scalars_of_event(const nlohmann::json& line, double capacity_bytes);
 
 /// One TFRecord holding `payload` (length, masked CRC-32C of the length, payload, masked

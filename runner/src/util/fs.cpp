@@ -205,16 +205,26 @@ void append_bytes(const std::string& path, const std::string& data) {
   // except for EINTR/EAGAIN, which write_all handles because nothing was written.
   auto fd =
       with_retries([&] { return std::make_unique<UniqueFd>(path, O_WRONLY | O_CREAT | O_APPEND); });
-  const ssize_t n = ::write(fd->get(), data.data(), data.size());
-  if (n < 0) {
-    if (errno != EINTR && errno != EAGAIN) throw_errno("append", path);
-    write_all(fd->get(), data, path);
-  } else if (static_cast<size_t>(n) != data.size()) {
-    // A short append (disk full) leaves a partial record; report it rather than appending the
-    // rest in a second write that another appender could interleave with.
-    throw IoError("append (short write of " + std::to_string(n) + " of " +
-                      std::to_string(data.size()) + " bytes)",
-                  path, ENOSPC);
+  // A short append (disk full) would leave a partial line or record, which glues itself to
+  // the next one (metrics.jsonl) or ends the file for its readers (a TFRecord): the file is
+  // cut back to its size before the append, and the failure reported. Appends to a file come
+  // from one thread (report/file_writer.h), so nothing else grew it in between.
+  const off_t before = ::lseek(fd->get(), 0, SEEK_END);
+  try {
+    const ssize_t n = ::write(fd->get(), data.data(), data.size());
+    if (n < 0) {
+      if (errno != EINTR && errno != EAGAIN) throw_errno("append", path);
+      write_all(fd->get(), data, path);
+    } else if (static_cast<size_t>(n) != data.size()) {
+      throw IoError("append (short write of " + std::to_string(n) + " of " +
+                        std::to_string(data.size()) + " bytes)",
+                    path, ENOSPC);
+    }
+  } catch (const IoError&) {
+    if (before >= 0 && ::ftruncate(fd->get(), before) != 0) {
+      // The partial tail stays; the error already being reported says why.
+    }
+    throw;
   }
   fd->fsync();
   fd->close();

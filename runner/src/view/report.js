@@ -54,6 +54,13 @@
     }
   };
 
+  // One colour per label on the whole page: a queue's run keeps its colour in every chart.
+  var colours = {};
+  function colourOf(label) {
+    if (!(label in colours)) colours[label] = palette[Object.keys(colours).length % palette.length];
+    return colours[label];
+  }
+
   // Epochs are whole numbers, drawn half an epoch in from the edges so no point sits on one.
   function xScale(spec, datasets) {
     var scale = {type: 'linear', title: {display: true, text: spec.x_label}};
@@ -72,7 +79,7 @@
     return scale;
   }
 
-  function drawChart(spec, index) {
+  function drawChart(spec) {
     var box = element('section', undefined, 'chart');
     box.appendChild(element('h2', spec.title));
     var points = spec.datasets.reduce(function (n, d) { return n + d.points.length; }, 0);
@@ -89,8 +96,8 @@
     box.appendChild(plot);
     app.appendChild(box);
     var datasets = spec.datasets.filter(function (d) { return d.points.length; })
-      .map(function (d, i) {
-        var colour = palette[(index + i) % palette.length];
+      .map(function (d) {
+        var colour = colourOf(d.label);
         return {
           label: d.label,
           data: d.points.map(function (p) { return {x: p[0], y: p[1]}; }),

@@ -1,6 +1,12 @@
 #include "view/report_data.h"
 
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cmath>
@@ -69,6 +75,11 @@ std::string utc_time(double seconds) {
   return buf;
 }
 
+std::string absolute_path(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+}
+
 std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
@@ -93,6 +104,7 @@ struct Analysis {
   int processes = 0, checkpoints = 0;
   int64_t last_global_step = 0;
   std::optional<double> best_accuracy;
+  std::optional<int64_t> diverged_at;  ///< the first step event whose loss is not a number
 
   double minutes(double time) const { return (time - first_time) / 60; }
   void mark(const char* kind, const std::string& label, int64_t step, double time) {
@@ -150,6 +162,9 @@ Analysis analyse(const std::vector<json>& events) {
                         &a.epoch_peak, &a.plan_peak, &a.plan_estimate, &a.capacity})
         s->drop_after(start);
       restarts = std::max(restarts, process_restarts);
+      // No line across the time between two processes: a NaN point is a gap on the page.
+      if (a.processes > 0 && !a.throughput.points.empty())
+        a.throughput.add(a.minutes(time), std::nan(""), start);
       ++a.processes;
       process_ended = false;
       resume = json();
@@ -170,7 +185,10 @@ Analysis analyse(const std::vector<json>& events) {
       if (auto v = number(e, "measured_peak_bytes")) a.plan_peak.add(step + 1.0, *v, step + 1);
     } else if (name == "step") {
       a.last_step = e;
-      if (auto v = number(e, "loss")) a.train_loss.add(static_cast<double>(step), *v, step);
+      if (auto v = number(e, "loss"))
+        a.train_loss.add(static_cast<double>(step), *v, step);
+      else if (e.contains("loss") && e["loss"].is_null() && !a.diverged_at)
+        a.diverged_at = step;  // NaN or infinity, which JSON writes as null
       if (auto v = number(e, "lr")) a.lr.add(static_cast<double>(step), *v, step);
       if (auto v = number(e, "samples_per_second")) a.throughput.add(a.minutes(time), *v, step);
     } else if (name == "epoch") {
@@ -290,7 +308,9 @@ json plan_tables(const json& plan) {
   setting("activation checkpointing", plan.value("activation_checkpointing", false) ? "on" : "off");
   setting("precision", num("precision"));
   setting("eval batch", num("eval_batch"));
-  setting("seconds per micro-batch (measured)", num("step_seconds"));
+  const auto step_seconds = number(plan, "step_seconds");
+  setting("seconds per micro-batch (measured)",
+          step_seconds ? fmt::format("{:.4g}", *step_seconds) : std::string());
   setting("why", num("reason"));
   tables.push_back(table("Plan", {"setting", "value"}, settings));
   json rows = json::array();
@@ -343,11 +363,30 @@ void flatten(const json& j, const std::string& prefix, json& rows) {
   }
 }
 
+/// Whether the process that wrote status.json is gone: known on its own host only.
+bool process_gone(const json& status) {
+  if (!status.is_object() || status.value("host", "") != host_name() || !status.contains("pid") ||
+      !status["pid"].is_number_integer())
+    return false;
+  const auto pid = static_cast<pid_t>(status["pid"].get<int64_t>());
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/// status.json's state, corrected: a run whose last word is `done` 0 is finished, and one
+/// "running" whose process is gone is dead (SIGKILL, OOM killer, power).
+std::string run_state(const RunHistory& run, const Analysis& a) {
+  const json& s = run.status;
+  std::string state = s.is_object() ? s.value("state", "") : "";
+  if (a.last_done.is_object() && a.last_done.value("exit_code", -1) == 0) return "finished";
+  if (state == "running" && process_gone(s))
+    return "dead (its process is gone: run again with --resume)";
+  return state;
+}
+
 json run_summary(const RunHistory& run, const Analysis& a) {
   json rows = json::array();
   const json& s = run.status;
-  std::string state = s.is_object() ? s.value("state", "") : "";
-  if (a.last_done.is_object() && a.last_done.value("exit_code", -1) == 0) state = "finished";
+  const std::string state = run_state(run, a);
   rows.push_back({"state", state.empty() ? "unknown (no status.json)" : state});
   if (s.is_object() && s.contains("host")) rows.push_back({"host", text_of(s["host"])});
   const int64_t total = s.is_object() ? s.value("total_steps", int64_t{0}) : 0;
@@ -380,8 +419,18 @@ json events_table(const Analysis& a) {
   return table("Events", {"time", "step", "kind", "what"}, rows);
 }
 
-json notes_of(const RunHistory& run) {
+json notes_of(const RunHistory& run, const Analysis& a) {
   json notes = json::array();
+  if (run_state(run, a) == "running")
+    notes.push_back(
+        fmt::format("the run is still training (status.json updated {} ago): this "
+                    "page is a snapshot; run gpurun report again for a newer one",
+                    format_duration(unix_seconds() - run.status.value("updated", unix_seconds()))));
+  if (a.diverged_at)
+    notes.push_back(
+        fmt::format("the train loss is not a number from step {} on (the run "
+                    "diverged?): those steps have no point on the loss chart",
+                    *a.diverged_at));
   if (run.incomplete_tail)
     notes.push_back(
         fmt::format("metrics.jsonl ends in a line without its end (being written, or "
@@ -410,9 +459,9 @@ json run_report_data(const RunHistory& run) {
   }
   if (!a.marks.empty()) tables.insert(tables.begin(), events_table(a));
   return {{"kind", "run"},
-          {"title", run.dir},
+          {"title", absolute_path(run.dir)},
           {"generated", unix_seconds()},
-          {"notes", notes_of(run)},
+          {"notes", notes_of(run, a)},
           {"summary", run_summary(run, a)},
           {"charts", run_charts(a)},
           {"marks", a.marks},
@@ -423,6 +472,7 @@ json queue_report_data(const std::string& dir) {
   const std::optional<QueueState> state = read_queue_state(dir);
   if (!state) throw ConfigError("no queue.json in " + dir + ": not a queue directory");
   json loss = json::array(), accuracy = json::array(), rows = json::array(), notes = json::array();
+  const bool queue_gone = process_gone({{"host", state->host}, {"pid", state->pid}});
   for (const RunRecord& r : state->runs) {
     std::optional<Analysis> a;
     try {
@@ -440,10 +490,17 @@ json queue_report_data(const std::string& dir) {
       loss.push_back(l.to_json());
       accuracy.push_back(acc.to_json());
     }
+    // A run recorded running under a queue that is gone was interrupted (queue_summary.h);
+    // an exit belongs to a run whose last attempt ended.
+    const bool interrupted = r.state == RunState::kRunning && queue_gone;
+    const bool ended = r.state != RunState::kRunning && r.state != RunState::kPending;
+    const std::string exit = !(ended || interrupted) || r.attempts == 0 ? std::string()
+                             : r.signal != 0                            ? signal_name(r.signal)
+                                             : std::to_string(r.exit_code);
     rows.push_back(
-        {r.name, r.seed ? std::to_string(*r.seed) : "", run_state_name(r.state),
-         std::to_string(r.attempts), std::to_string(r.restarts),
-         r.attempts ? std::to_string(r.exit_code) : "",
+        {r.name, r.seed ? std::to_string(*r.seed) : "",
+         interrupted ? "interrupted" : run_state_name(r.state), std::to_string(r.attempts),
+         std::to_string(r.restarts), exit,
          r.wall_seconds > 0 ? format_duration(r.wall_seconds) : "",
          a ? std::to_string(a->last_global_step) : "",
          a && number(a->last_step, "loss") ? fmt::format("{:.4f}", *number(a->last_step, "loss"))
@@ -461,7 +518,7 @@ json queue_report_data(const std::string& dir) {
                               json::array({"parallel", std::to_string(state->parallel)}),
                               json::array({"updated", utc_time(state->updated)})});
   return {{"kind", "queue"},
-          {"title", dir},
+          {"title", absolute_path(dir)},
           {"generated", unix_seconds()},
           {"notes", notes},
           {"summary", summary},

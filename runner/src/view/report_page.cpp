@@ -1,6 +1,12 @@
 #include "view/report_page.h"
 
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
+
+#include "gpurun/errors.h"
 
 #include "util/fs.h"
 #include "view/page_assets.h"
@@ -69,12 +75,47 @@ std::string report_html(const nlohmann::json& data) {
   return page;
 }
 
+namespace {
+
+/// Refuses a page path that would replace something that is not a page: a run's own files
+/// (metrics.jsonl, LATEST) are one mistyped --out away.
+void check_out_path(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      throw ConfigError("--out " + path + " is a directory: give a file name, e.g. " + path +
+                        "/report.html");
+    const std::string head = fs::read_file(path).substr(0, 64);
+    if (head.rfind("<!DOCTYPE html>", 0) != 0)
+      throw ConfigError("--out " + path +
+                        " exists and is not an HTML page: gpurun report replaces only "
+                        "pages; give a new file name");
+    return;
+  }
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  if (!parent.empty() && !fs::exists(parent))
+    throw ConfigError("--out " + path + ": no directory " + parent);
+}
+
+}  // namespace
+
 std::string write_report(const std::string& dir, const std::string& out) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    throw ConfigError(dir +
+                      " is not a directory (give a run directory: the --ckpt or --run-dir "
+                      "of `gpurun run`, or a `gpurun queue` --dir)");
   const nlohmann::json data = fs::exists(dir + "/queue.json")
                                   ? queue_report_data(dir)
                                   : run_report_data(read_run_history(dir));
   const std::string path = out.empty() ? dir + "/report.html" : out;
-  fs::replace_file(path, report_html(data));
+  check_out_path(path);
+  try {
+    fs::replace_file(path, report_html(data));
+  } catch (const IoError& e) {
+    if (!out.empty()) throw;
+    throw Error(std::string(e.what()) + "; give --out FILE.html to write the page elsewhere");
+  }
   return path;
 }
 

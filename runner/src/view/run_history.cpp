@@ -31,6 +31,9 @@ RunHistory read_run_history(const std::string& dir) {
     throw ConfigError("no metrics.jsonl in " + dir +
                       ": not a run directory, or its run wrote "
                       "its metrics elsewhere (--run-dir)");
+  struct stat file {};
+  if (stat(path.c_str(), &file) == 0 && !S_ISREG(file.st_mode))
+    throw ConfigError(path + " is not a file");
   const std::string text = fs::read_file(path);
   size_t begin = 0;
   while (begin < text.size()) {
@@ -49,6 +52,10 @@ RunHistory read_run_history(const std::string& dir) {
       run.unreadable_lines.push_back(run.complete_lines);
     begin = end + 1;
   }
+  if (run.events.empty() && run.complete_lines > 0)
+    throw ConfigError(path + ": none of its " + std::to_string(run.complete_lines) +
+                      " lines is a metrics event (one JSON object with \"event\" a line): "
+                      "not gpurun's metrics, or damaged");
   if (run.events.empty())
     throw ConfigError(path + (text.empty() ? " is empty" : " holds no complete event yet") +
                       ": the run has not logged anything (its first line is written when "

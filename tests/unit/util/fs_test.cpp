@@ -2,13 +2,16 @@
 #include "util/fs.h"
 
 #include <dlfcn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -246,3 +249,31 @@ TEST(FsRetry, GivesUpAfterTheLastAttempt) {
 }
 
 }  // namespace
+
+static std::string slurp_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A disk that fills in the middle of an append: the file is cut back to its size before it,
+// so that no half line (metrics.jsonl) or half record (a TensorBoard file) is left for the
+// next append to glue itself to. A real tmpfs, filled for real (tests run as root).
+TEST(FsAppend, AShortAppendOnAFullDiskLeavesTheFileAsItWas) {
+  gpurun::test::TempDir dir("fs-full");
+  const std::string mnt = dir.path() + "/mnt";
+  std::filesystem::create_directories(mnt);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  const std::string file = mnt + "/metrics.jsonl";
+  gpurun::fs::append_line(file, "{\"event\":\"plan\"}");  // its first page holds room to spare
+  {
+    std::ofstream filler(mnt + "/filler", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (filler.write(block.data(), block.size())) {
+    }
+  }
+  const std::string before = slurp_file(file);
+  EXPECT_THROW(gpurun::fs::append_bytes(file, std::string(16384, 'y')), gpurun::IoError);
+  EXPECT_EQ(slurp_file(file), before);
+  umount2(mnt.c_str(), MNT_DETACH);
+}
