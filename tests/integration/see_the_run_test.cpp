@@ -269,9 +269,13 @@ TEST(SeeTheRun, ASupervisedRestartIsMarkedAndContinuesTheCurve) {
 TEST(SeeTheRun, AKilledRunIsReportedDeadNotRunning) {
   TempDir dir("see-the-run");
   const std::string config = write_config(dir, small_config(400, 20, 1));
-  const Result r =
-      run_gpurun({config, "--ckpt", dir / "run"}, {{"GPURUN_FAULT", "sigkill:after_step:5"}});
+  // A second of training first, so that status.json ("running") is on disk before the kill.
+  const Result r = run_gpurun({config, "--ckpt", dir / "run"},
+                              {{"GPURUN_FAULT", "sleep100:after_step:*,sigkill:after_step:10"}});
   ASSERT_EQ(r.signal, SIGKILL) << r.err;
+  const auto status = nlohmann::json::parse(slurp(dir / "run/status.json"), nullptr, false);
+  ASSERT_TRUE(status.is_object()) << slurp(dir / "run/status.json");
+  EXPECT_EQ(status.value("state", ""), "running");  // its last word before the SIGKILL
   const Result report = run_gpurun({"report", dir / "run"});
   ASSERT_EQ(report.exit_code, 0) << report.err;
   const nlohmann::json data = page_data(dir / "run/report.html");
