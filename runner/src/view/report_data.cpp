@@ -34,6 +34,11 @@ struct Point {
   int64_t step = 0;
 };
 
+/// The most points a line carries to the page. A run that logs every step for a week has
+/// hundreds of thousands: the page would weigh tens of megabytes and Chart.js draw for seconds,
+/// on a chart a thousand pixels wide.
+constexpr size_t kMaxPoints = 4000;
+
 struct Series {
   std::string label;
   std::string style = "line";
@@ -45,9 +50,40 @@ struct Series {
         std::remove_if(points.begin(), points.end(), [&](const Point& p) { return p.step > step; }),
         points.end());
   }
+  bool thinned() const { return points.size() > kMaxPoints; }
+  /// The points drawn: all of them up to kMaxPoints; beyond, the points are cut into
+  /// kMaxPoints / 2 runs of consecutive points and each run keeps its lowest and its highest,
+  /// in their order, so that a spike or a dip stays on the chart (a mean would hide it). A gap
+  /// (NaN) is always kept: the line must not join across it.
+  std::vector<Point> drawn() const {
+    if (!thinned()) return points;
+    std::vector<Point> out;
+    const size_t runs = kMaxPoints / 2, n = points.size();
+    for (size_t r = 0; r < runs; ++r) {
+      const size_t begin = r * n / runs, end = (r + 1) * n / runs;
+      size_t lo = end, hi = end;
+      const auto flush = [&] {
+        if (lo == end) return;
+        out.push_back(points[std::min(lo, hi)]);
+        if (hi != lo) out.push_back(points[std::max(lo, hi)]);
+        lo = hi = end;
+      };
+      for (size_t i = begin; i < end; ++i) {
+        if (std::isnan(points[i].y)) {
+          flush();
+          out.push_back(points[i]);
+          continue;
+        }
+        if (lo == end || points[i].y < points[lo].y) lo = i;
+        if (hi == end || points[i].y > points[hi].y) hi = i;
+      }
+      flush();
+    }
+    return out;
+  }
   json to_json(double scale = 1) const {
     json pts = json::array();
-    for (const Point& p : points) pts.push_back({p.x, p.y / scale});
+    for (const Point& p : drawn()) pts.push_back({p.x, p.y / scale});
     return {{"label", label}, {"style", style}, {"points", pts}};
   }
 };
@@ -441,6 +477,12 @@ json notes_of(const RunHistory& run, const Analysis& a) {
         fmt::format("{} line(s) of metrics.jsonl do not parse and were skipped (the "
                     "first: line {})",
                     run.unreadable_lines.size(), run.unreadable_lines.front()));
+  for (const Series* s : {&a.train_loss, &a.lr, &a.throughput, &a.stall, &a.write})
+    if (s->thinned())
+      notes.push_back(fmt::format(
+          "{}: {} points logged, {} drawn (each stretch of consecutive points keeps its lowest "
+          "and highest); metrics.jsonl and TensorBoard hold them all",
+          s->label, s->points.size(), s->drawn().size()));
   if (run.config.is_null())
     notes.push_back("no config.json in the run directory: the resolved config is not shown");
   return notes;
@@ -469,7 +511,15 @@ json run_report_data(const RunHistory& run) {
 }
 
 json queue_report_data(const std::string& dir) {
-  const std::optional<QueueState> state = read_queue_state(dir);
+  std::optional<QueueState> state;
+  try {
+    state = read_queue_state(dir);
+  } catch (const IoError&) {
+    throw;  // the file is there and cannot be read: not the input's fault
+  } catch (const Error& e) {
+    // Bad input, as a half-written metrics.jsonl is: named, exit 2.
+    throw ConfigError("cannot report " + dir + ": " + e.what());
+  }
   if (!state) throw ConfigError("no queue.json in " + dir + ": not a queue directory");
   json loss = json::array(), accuracy = json::array(), rows = json::array(), notes = json::array();
   const bool queue_gone = process_gone({{"host", state->host}, {"pid", state->pid}});

@@ -30,8 +30,8 @@ namespace gpurun {
 nlohmann::json run_report_data(const RunHistory& run);
 
 /// The report of a `gpurun queue` directory: one table row and one line per run (a run that
-/// has not logged yet has a row and no line). Throws ConfigError when DIR/queue.json is missing,
-/// Error when it does not parse.
+/// has not logged yet has a row and no line). Throws ConfigError when DIR/queue.json is missing
+/// or does not parse, IoError when it cannot be read.
 nlohmann::json queue_report_data(const std::string& dir);
 
 }  // namespace gpurun

@@ -156,6 +156,53 @@ TEST(RunReport, AResumeKeepsTheStepsOfTheProcessThatWentOn) {
   }
 }
 
+// A run that logged every step for long: each line is cut to a few thousand points, and a
+// single spike and a single dip among 100000 steps are still drawn.
+TEST(RunReport, ALongRunIsThinnedWithoutLosingItsSpikes) {
+  gpurun::RunHistory run;
+  run.dir = "/runs/long";
+  run.events.push_back({{"event", "plan"}, {"time", 0.0}, {"global_step", 0}});
+  const int steps = 100000;
+  for (int s = 1; s <= steps; ++s) {
+    const double loss = s == 61234 ? 50.0 : s == 7777 ? -3.0 : 1.0 + 1.0 / s;
+    run.events.push_back({{"event", "step"},
+                          {"time", static_cast<double>(s)},
+                          {"global_step", s},
+                          {"loss", loss},
+                          {"lr", 0.1},
+                          {"samples_per_second", 100.0}});
+  }
+  const json data = gpurun::run_report_data(run);
+  const json& points = (*chart(data, "loss"))["datasets"][0]["points"];
+  EXPECT_LE(points.size(), 4000u);
+  EXPECT_GE(points.size(), 2000u);
+  double highest = 0, lowest = 1e9, previous_x = 0;
+  for (const json& p : points) {
+    EXPECT_GT(p[0].get<double>(), previous_x);  // in step order, none twice
+    previous_x = p[0].get<double>();
+    highest = std::max(highest, p[1].get<double>());
+    lowest = std::min(lowest, p[1].get<double>());
+  }
+  EXPECT_EQ(highest, 50.0);
+  EXPECT_EQ(lowest, -3.0);
+  bool noted = false;
+  for (const json& n : data["notes"])
+    noted = noted || n.get<std::string>().find("train loss: 100000 points logged") == 0;
+  EXPECT_TRUE(noted) << data["notes"].dump();
+  EXPECT_LT(gpurun::report_html(data).size(), 2u << 20);  // Chart.js is ~200 KB of it
+}
+
+TEST(RunReport, AQueueStateThatDoesNotParseIsBadInput) {
+  gpurun::test::TempDir dir("queue");
+  write(std::filesystem::path(dir.path()) / "queue.json", "{\"format_version\": 1, \"runs\": 7");
+  try {
+    gpurun::queue_report_data(dir.path());
+    FAIL() << "a broken queue.json was reported";
+  } catch (const gpurun::ConfigError& e) {  // exit 2, as a broken metrics.jsonl
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RunReport, ThePageIsOneSelfContainedDocumentWhateverTheConfigHolds) {
   gpurun::RunHistory run;
   run.dir = "/runs/<b>x</b>";
