@@ -93,7 +93,11 @@ void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& in
         << (info.complete ? "complete" : "INCOMPLETE: " + printable(info.problem))
         << (latest.names(info.name) ? "  <- LATEST" : "") << "\n";
   }
-  if (infos.empty()) out << "(no checkpoints in " << view.dir() << ")\n";
+  if (infos.empty())
+    out << "(no checkpoints in " << view.dir() << ")\n";
+  else  // a flipped byte keeps its size: only verify finds it
+    out << "(complete: every file its manifest names is there at its size; the checksums are "
+           "read by `gpurun ckpt verify`)\n";
   const bool latest_here = std::any_of(
       infos.begin(), infos.end(), [&](const CheckpointInfo& i) { return latest.names(i.name); });
   if (latest.state == LatestFile::State::kPresent && !latest_here) {

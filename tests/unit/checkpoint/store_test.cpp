@@ -472,6 +472,7 @@ TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {
   EXPECT_NE(out.find(names[1]), std::string::npos) << out;
   EXPECT_NE(out.find("<- LATEST"), std::string::npos) << out;
   EXPECT_EQ(out.find(names[0] + "  "), out.find(names[0]));
+  EXPECT_NE(out.find("checksums are read by `gpurun ckpt verify`"), std::string::npos) << out;
 }
 
 TEST_F(CheckpointDir, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
