@@ -461,7 +461,7 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
       torch::jit::Unpickler unpickler(
           [&](char* buf, size_t n) {
             const size_t count = std::min(n, python.size() - offset);
-            std::memcpy(buf, python.data() + offset, count);
+            if (count > 0) std::memcpy(buf, python.data() + offset, count);
             offset += count;
             return count;
           },
@@ -508,7 +508,8 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
 size_t BytesReadAdapter::read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const {
   if (pos >= bytes_.size()) return 0;
   const size_t count = std::min<uint64_t>(n, bytes_.size() - pos);
-  std::memcpy(buf, bytes_.data() + pos, count);
+  // A storage of zero bytes is read into a null buffer: memcpy must not see it, even for 0.
+  if (count > 0) std::memcpy(buf, bytes_.data() + pos, count);
   return count;
 }
 
