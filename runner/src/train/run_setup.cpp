@@ -17,6 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "distributed/collectives.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
@@ -276,6 +277,52 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
         "per micro-batch, so results differ from micro-batch {} (consider GroupNorm)",
         plan.micro_batch, request.micro_batch);
   return plan;
+}
+
+PlanAgreement plan_agreement(Collectives* comm) {
+  PlanAgreement a;
+  if (!comm) return a;
+  a.probe = [comm](const Probe& p) {
+    Probe worst = p;
+    const auto v = comm->all_reduce(
+        {static_cast<double>(p.peak_bytes), p.out_of_memory ? 1.0 : 0.0, p.step_seconds},
+        Collectives::Op::kMax);
+    worst.peak_bytes = static_cast<int64_t>(v[0]);
+    worst.out_of_memory = v[1] > 0;
+    worst.step_seconds = v[2];
+    return worst;
+  };
+  a.any = [comm](bool mine) {
+    return comm->all_reduce({mine ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+  };
+  return a;
+}
+
+void log_plan(const RunConfig& config, const Session& session, const MemoryPlan& plan) {
+  const ParameterCounts counts = count_parameters(*session.model);
+  spdlog::info("precision {} ({}); parameters: {} trainable of {} ({:.1f}%){}",
+               precision_name(session.precision.precision), session.precision.reason,
+               counts.trainable, counts.total,
+               counts.total ? 100.0 * static_cast<double>(counts.trainable) / counts.total : 0.0,
+               session.lora_layers.empty()
+                   ? ""
+                   : ", LoRA rank " + std::to_string(config.model.lora.rank) + " on " +
+                         std::to_string(session.lora_layers.size()) + " Linear layers");
+  const int64_t measured = plan.measured_peak_bytes, estimated = plan.estimated_peak_bytes;
+  spdlog::info(
+      "memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
+      "eval batch {} ({})",
+      plan.micro_batch, plan.accumulation_steps, plan.world_size, plan.global_batch,
+      plan.activation_checkpointing ? ", activation checkpointing" : "", plan.eval_batch,
+      plan.reason);
+  // The estimate models a training step, so it is compared with the training steps' part.
+  const int64_t training = plan.measured.training > 0 ? plan.measured.training : measured;
+  const std::string parts = plan.measured.to_string();
+  spdlog::info("peak memory: measured {}{}; estimated training step {} ({:+.0f}%); capacity {}",
+               format_bytes(measured), parts.empty() ? "" : " (" + parts + ")",
+               format_bytes(estimated),
+               training > 0 ? 100.0 * (estimated - training) / training : 0.0,
+               format_bytes(plan.capacity_bytes));
 }
 
 }  // namespace gpurun

@@ -21,6 +21,7 @@
 
 namespace gpurun {
 
+class Collectives;
 class MemoryMeter;
 class Registry;
 class SegmentedModel;
@@ -51,6 +52,10 @@ struct PlanAgreement {
   /// True when any rank passes true.
   std::function<bool(bool)> any;
 };
+
+/// The agreement over `comm`'s process group, by all-reduces of the probe's peak, out-of-memory
+/// flag and step time (each rank's worst); null `comm`: one process, no agreement.
+PlanAgreement plan_agreement(Collectives* comm);
 
 /// Sets the thread count and seed, stages the data files (data.stage_dir), loads the data (not
 /// metered: host-resident data sets are not device memory), installs the meter, builds the model on
@@ -110,5 +115,10 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
 
 /// The analytic estimate for `plan` on this session's model.
 Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan);
+
+/// Logs the plan as a run starts it: the precision and the parameters trained, the micro-batch,
+/// accumulation and global batch, and the measured peak (each part) against the estimate of a
+/// training step and the capacity.
+void log_plan(const RunConfig& config, const Session& session, const MemoryPlan& plan);
 
 }  // namespace gpurun

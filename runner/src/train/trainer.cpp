@@ -1,13 +1,11 @@
 #include "train/trainer.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <utility>
@@ -25,16 +23,19 @@
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "memory/meter.h"
+#include "memory/peak_parts.h"
 #include "memory/planner.h"
 #include "model/fine_tune.h"
 #include "model/plugin_loader.h"
 #include "report/reporter.h"
 #include "train/device.h"
-#include "train/init_weights.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
+#include "train/resume.h"
 #include "train/run_setup.h"
+#include "train/sample_trace.h"
+#include "train/step_metrics.h"
 #include "util/clock.h"
 #include "util/faults.h"
 #include "util/fs.h"
@@ -46,64 +47,6 @@ namespace gpurun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// Test-only: GPURUN_TRACE_SAMPLES=FILE appends, per optimizer step, "STEP EPOCH i i i ...",
-/// STEP being the 0-based global step, and the sample indices the step consumed on this rank
-/// (rank R > 0 writes FILE.rankR), used to prove that resume neither repeats nor skips.
-class SampleTrace {
- public:
-  explicit SampleTrace(int rank) {
-    if (const char* path = std::getenv("GPURUN_TRACE_SAMPLES"))
-      path_ = rank == 0 ? path : std::string(path) + ".rank" + std::to_string(rank);
-  }
-  void record(int64_t step, int64_t epoch, const at::Tensor& indices) {
-    if (path_.empty()) return;
-    std::string line = std::to_string(step) + " " + std::to_string(epoch);
-    const int64_t* p = indices.data_ptr<int64_t>();
-    for (int64_t i = 0; i < indices.numel(); ++i) line += " " + std::to_string(p[i]);
-    fs::append_line(path_, line);
-  }
-
- private:
-  std::string path_;
-};
-
-/// The meter's peak split by what the run is doing, so that an epoch reports the peak of each
-/// part the planner probed (training steps, evaluation, checkpoint capture) and, as their
-/// largest, its own peak. A part is a member of MeasuredPeaks; null: a stretch not counted
-/// (the epoch hooks, the plugin's own code, which no probe runs).
-class PeakParts {
- public:
-  using Part = int64_t MeasuredPeaks::*;
-  explicit PeakParts(MemoryMeter& meter) : meter_(meter) {}
-
-  /// Forgets every part and starts measuring `part`.
-  void restart(Part part) {
-    peaks_ = {};
-    meter_.reset_peak();
-    part_ = part;
-  }
-  /// Ends the part in progress and starts `part`; returns the part that ended.
-  Part enter(Part part) {
-    record();
-    meter_.reset_peak();
-    return std::exchange(part_, part);
-  }
-  /// The peak of each part since restart(), the one in progress included.
-  MeasuredPeaks peaks() {
-    record();
-    return peaks_;
-  }
-
- private:
-  void record() {
-    if (part_) peaks_.*part_ = std::max(peaks_.*part_, meter_.peak_bytes());
-  }
-
-  MemoryMeter& meter_;
-  MeasuredPeaks peaks_;
-  Part part_ = nullptr;
-};
 
 class Trainer {
  public:
@@ -136,14 +79,15 @@ class Trainer {
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
       const double read_seconds = seconds_since(read_start);
       // Refused before any probe: planning takes device time, and a refused resume needs none.
-      if (loaded) check_resumable(*loaded);
-      if (!loaded && !config_.model.init_from.empty()) load_init_from();
+      if (loaded) check_resumable(config_, *loaded);
+      if (!loaded && !config_.model.init_from.empty())
+        init_from_ = load_init_from(*model_, config_);
       std::optional<MemoryPlan> saved;
       if (loaded && loaded->info.manifest.contains("plan"))
         saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
-      plan_ = make_plan(config_, session_, world_, saved, agreement());
+      plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
       checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
-      log_plan();
+      log_plan(config_, session_, plan_);
       params_ = trainable_parameters(*model_);
       optimizer_ = make_optimizer(config_.optim, params_);
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
@@ -165,9 +109,8 @@ class Trainer {
       reached_epoch_ = epoch_;
       set_immediate_stop_action([this](int sig) { stop_now(sig); });
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
-      session_start_ = interval_start_ = Clock::now();
+      metrics_.start(global_step_, total_steps_);
       const double start_time = unix_seconds();
-      session_first_step_ = global_step_;
       nlohmann::json plan_event = plan_.to_json();
       plan_event["time"] = start_time;
       plan_event["global_step"] = global_step_;
@@ -208,7 +151,7 @@ class Trainer {
   /// its last step (not of the last logged one).
   nlohmann::json where_it_ended() const {
     nlohmann::json fields = {{"epoch", epoch_}, {"global_step", global_step_}};
-    if (last_loss_) fields["loss"] = *last_loss_;
+    if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
     return fields;
   }
 
@@ -272,44 +215,6 @@ class Trainer {
     return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
   }
 
-  /// Planning agreement over the process group (no-op for one process).
-  PlanAgreement agreement() {
-    PlanAgreement a;
-    if (!comm_) return a;
-    a.probe = [this](const Probe& p) {
-      Probe worst = p;
-      const auto v = comm_->all_reduce(
-          {static_cast<double>(p.peak_bytes), p.out_of_memory ? 1.0 : 0.0, p.step_seconds},
-          Collectives::Op::kMax);
-      worst.peak_bytes = static_cast<int64_t>(v[0]);
-      worst.out_of_memory = v[1] > 0;
-      worst.step_seconds = v[2];
-      return worst;
-    };
-    a.any = [this](bool mine) {
-      return comm_->all_reduce({mine ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
-    };
-    return a;
-  }
-
-  /// model.init_from into the model of a fresh run (every rank: each checks the same file).
-  void load_init_from() {
-    const InitialWeights init = load_initial_weights(
-        *model_, config_path(config_, config_.model.init_from), config_.model.init_strict);
-    init_from_ = init.to_json();
-    spdlog::info("model.init_from: loaded {} tensors from {} (xxh3 {})", init.loaded, init.path,
-                 init.xxh3);
-    if (!init.not_loaded.empty() || !init.unused.empty()) {
-      std::string rest;
-      for (const std::string& k : init.not_loaded) rest += "\n  not loaded (kept its init): " + k;
-      for (const std::string& k : init.unused) rest += "\n  in the file, not in the model: " + k;
-      spdlog::warn(
-          "model.init_strict false: {} of the model's tensors were not loaded and {} of "
-          "the file's were not used:{}",
-          init.not_loaded.size(), init.unused.size(), rest);
-    }
-  }
-
   /// fp16's scale and growth tracker from the checkpoint, so that the resumed steps scale, skip
   /// and grow as the uninterrupted run's would.
   void restore_scaler(const CheckpointMeta& meta, const std::string& path) {
@@ -322,50 +227,6 @@ class Trainer {
         "{} was trained in {} and holds no gradient scaler state; fp16 starts its "
         "loss scale afresh at 65536",
         path, meta.extra.value("precision", std::string("fp32")));
-  }
-
-  void log_plan() const {
-    const ParameterCounts counts = count_parameters(*model_);
-    spdlog::info("precision {} ({}); parameters: {} trainable of {} ({:.1f}%){}",
-                 precision_name(session_.precision.precision), session_.precision.reason,
-                 counts.trainable, counts.total,
-                 counts.total ? 100.0 * static_cast<double>(counts.trainable) / counts.total : 0.0,
-                 session_.lora_layers.empty()
-                     ? ""
-                     : ", LoRA rank " + std::to_string(config_.model.lora.rank) + " on " +
-                           std::to_string(session_.lora_layers.size()) + " Linear layers");
-    const int64_t measured = plan_.measured_peak_bytes, estimated = plan_.estimated_peak_bytes;
-    spdlog::info(
-        "memory plan: micro-batch {} x accumulation {} x world {} = global batch {}{}; "
-        "eval batch {} ({})",
-        plan_.micro_batch, plan_.accumulation_steps, plan_.world_size, plan_.global_batch,
-        plan_.activation_checkpointing ? ", activation checkpointing" : "", plan_.eval_batch,
-        plan_.reason);
-    // The estimate models a training step, so it is compared with the training steps' part.
-    const int64_t training = plan_.measured.training > 0 ? plan_.measured.training : measured;
-    const std::string parts = plan_.measured.to_string();
-    spdlog::info("peak memory: measured {}{}; estimated training step {} ({:+.0f}%); capacity {}",
-                 format_bytes(measured), parts.empty() ? "" : " (" + parts + ")",
-                 format_bytes(estimated),
-                 training > 0 ? 100.0 * (estimated - training) / training : 0.0,
-                 format_bytes(plan_.capacity_bytes));
-  }
-
-  /// Throws ResumeError when `loaded` was written under other training keys than this config.
-  void check_resumable(const LoadedCheckpoint& loaded) const {
-    const CheckpointMeta& meta = loaded.meta;
-    // Recomputed from the saved config, so that a key added by a later gpurun (read back with
-    // its default) does not make an older checkpoint look like another run.
-    RunConfig saved = config_from_json(meta.config);
-    // A run of train.precision auto left the choice to gpurun: any precision may resume it.
-    if (saved.train.precision == "auto") saved.train.precision = config_.train.precision;
-    if (config_hash(saved) == config_hash(config_)) return;
-    std::string keys;
-    for (const auto& k : changed_training_keys(saved, config_)) keys += "\n  " + k;
-    throw ResumeError("cannot resume " + loaded.info.path +
-                      ": training keys differ from the checkpoint's config:" + keys +
-                      "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
-                      "directory)");
   }
 
   /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
@@ -391,62 +252,25 @@ class Trainer {
       } catch (const DamagedCheckpointError& e) {
         loaded = checkpointer_.fall_back(*loaded, e.what());
         if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
-        check_resumable(*loaded);
+        check_resumable(config_, *loaded);
       }
     }
     const double restore_seconds = seconds_since(restore_start);
     const CheckpointMeta& meta = loaded->meta;
-    if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
-      spdlog::warn(
-          "checkpoint was written with {} threads and CPU capability {}; this run uses "
-          "{} and {}: results will differ in the last bits",
-          meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
-    if (!rng_restored)
-      spdlog::warn(
-          "rank {}: {} was written by {} rank(s) and holds no random state for this "
-          "rank; its dropout stream starts from the seed (the run is no longer "
-          "bit-identical to one that kept its world size)",
-          rank_, loaded->info.path, meta.world_size);
     const int64_t load_peak = session_.meter->peak_bytes();
-    const std::string changed = compare_model_source(
-        meta.extra.value("model_source", nlohmann::json::object()), model_source_);
-    if (!changed.empty())
-      spdlog::warn(
-          "{}; its tensors have the same names and shapes, so training resumes, but "
-          "the model's code may have changed",
-          changed);
+    log_resume_differences(*loaded, config_,
+                           {session_.precision, model_source_, rank_, world_, rng_restored});
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
     epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
     epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
     if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
-    if (!config_.model.init_from.empty() && rank_ == 0)
-      spdlog::info("model.init_from {} is not read: every weight comes from the checkpoint",
-                   config_.model.init_from);
-    const std::string trained_in = meta.extra.value("precision", std::string("fp32"));
-    if (trained_in != precision_name(session_.precision.precision) && rank_ == 0)
-      spdlog::info(
-          "the checkpoint was trained in {} (train.precision {}); training continues in "
-          "{} ({})",
-          trained_in,
-          meta.config.value("train", nlohmann::json::object())
-              .value("precision", std::string("fp32")),
-          precision_name(session_.precision.precision), session_.precision.reason);
     restore_scaler(meta, loaded->info.path);
     checkpointer_.resumed_from(loaded->info.path, global_step_);
-    interval_first_step_ = global_step_;
     reporter_.status({{"last_checkpoint", loaded->info.path}});
     spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                  loaded->info.path, epoch_, global_step_, position_);
-    // Once, by rank 0: the gradients are now summed over another set of shards.
-    if (meta.world_size != world_ && rank_ == 0)
-      spdlog::warn(
-          "the checkpoint was written by {} rank(s), this run has {}: the global batch "
-          "and the position in the epoch's order are kept, so every sample of the epoch "
-          "is seen exactly once, but the run is not bit-identical to one that kept {} "
-          "rank(s) (gradients are summed in another order: the last bits differ)",
-          meta.world_size, world_, meta.world_size);
     reporter_.event("resume", {{"path", loaded->info.path},
                                {"peak_bytes", load_peak},
                                {"bytes", loaded->info.bytes},
@@ -631,41 +455,24 @@ class Trainer {
     return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
   }
 
-  /// Seconds left at the mean time per step of this process so far, evaluation and saves
-  /// included; -1 before the first step.
-  double eta_seconds(Clock::time_point now) const {
-    const int64_t done = global_step_ - session_first_step_;
-    if (done <= 0) return -1;
-    return static_cast<double>(total_steps_ - global_step_) *
-           std::chrono::duration<double>(now - session_start_).count() / done;
-  }
-
   void after_step(double loss, int64_t window) {
-    // samples/s over the wall time since the last step event (the first: since training
-    // started), which includes epoch ends, evaluation and saves like the samples it counts.
-    interval_samples_ += window;
-    interval_loss_ += loss * window;
-    last_loss_ = loss;
-    const auto step_end = Clock::now();
-    const double step_end_time = unix_seconds();
-    const double eta = eta_seconds(step_end);
+    metrics_.add(global_step_, loss, window);
     // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
     const bool epoch_end = position_ >= data_.train->size();
     if (global_step_ % config_.log.every_steps != 0) {
-      reporter_.progress(progress_line(loss, eta), epoch_end);
+      reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
       return;
     }
-    const double elapsed = std::chrono::duration<double>(step_end - interval_start_).count();
-    throughput_ = elapsed > 0 ? interval_samples_ / elapsed : 0;
-    reporter_.progress(progress_line(loss, eta), epoch_end);
-    const double mean_loss = interval_loss_ / interval_samples_;
+    const StepMetrics::Interval interval = metrics_.close_interval();
+    reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
+    const double eta = metrics_.eta_seconds();
     nlohmann::json fields = {{"epoch", epoch_},
                              {"global_step", global_step_},
-                             {"loss", mean_loss},
+                             {"loss", interval.mean_loss},
                              {"lr", lr_},
-                             {"samples_per_second", throughput_},
-                             {"time", step_end_time}};  // the moment the rate is measured to
-    fields["eta_seconds"] = eta;
+                             {"samples_per_second", interval.samples_per_second},
+                             {"time", interval.time},
+                             {"eta_seconds", eta}};
     if (scaler_) {
       fields["loss_scale"] = scaler_->scale_value();
       fields["skipped_steps"] = skipped_steps_;  // of this process, inf or NaN gradients
@@ -673,7 +480,7 @@ class Trainer {
     if (comm_) {
       // What the gradient synchronisation moved per optimizer step since the last report.
       const CollectiveStats& now = comm_->stats();
-      const double steps = static_cast<double>(global_step_ - interval_first_step_);
+      const double steps = static_cast<double>(interval.steps);
       fields["world_size"] = world_;
       fields["gradient_syncs_per_step"] =
           (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
@@ -683,32 +490,12 @@ class Trainer {
           (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
       interval_stats_ = now;
     }
-    interval_first_step_ = global_step_;
     reporter_.event("step", fields);
     reporter_.status({{"epoch", epoch_},
                       {"global_step", global_step_},
-                      {"loss", mean_loss},
-                      {"samples_per_second", throughput_},
+                      {"loss", interval.mean_loss},
+                      {"samples_per_second", interval.samples_per_second},
                       {"eta_seconds", eta}});
-    interval_samples_ = 0;
-    interval_loss_ = 0;
-    interval_start_ = step_end;
-  }
-
-  std::string progress_line(double loss, double eta) const {
-    // Before the first step event: the rate so far.
-    double rate = throughput_;
-    if (rate <= 0) {
-      const double elapsed = seconds_since(interval_start_);
-      rate = elapsed > 0 ? interval_samples_ / elapsed : 0;
-    }
-    char buf[160];
-    std::snprintf(buf, sizeof buf,
-                  "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
-                  static_cast<long long>(epoch_ + 1), static_cast<long long>(config_.train.epochs),
-                  static_cast<long long>(global_step_), static_cast<long long>(total_steps_), loss,
-                  rate, format_duration(eta).c_str());
-    return buf;
   }
 
   bool due_for_checkpoint() const {
@@ -792,8 +579,7 @@ class Trainer {
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
   double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
-  CollectiveStats interval_stats_;
-  int64_t interval_first_step_ = 0;
+  CollectiveStats interval_stats_;  ///< at the last step event
   std::vector<at::Tensor> params_;
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -805,14 +591,9 @@ class Trainer {
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
   /// global_step_ and epoch_ after the last step, for the immediate-stop thread.
   std::atomic<int64_t> reached_step_{0}, reached_epoch_{0};
-  std::optional<double> last_loss_;  ///< of the last optimizer step of this process
-  bool started_ = false;             ///< past the lease, directory and resume checks
+  bool started_ = false;  ///< past the lease, directory and resume checks
   double lr_ = 0;
-  Clock::time_point session_start_ = Clock::now();   ///< training's start in this process
-  int64_t session_first_step_ = 0;                   ///< the global step it started from
-  Clock::time_point interval_start_ = Clock::now();  ///< the last step event (or the start)
-  int64_t interval_samples_ = 0;
-  double interval_loss_ = 0, throughput_ = 0;
+  StepMetrics metrics_;
 };
 
 }  // namespace
