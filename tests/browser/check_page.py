@@ -68,6 +68,8 @@ STATS_JS = r"""Array.from(document.querySelectorAll('canvas'), (c, i) => {
       }
     r.colours = seen.size;
   } catch (e) { r.error = String(e); }
+  const chart = window.Chart && Chart.getChart(c);   // the y axis as drawn, for the caller
+  if (chart && chart.scales.y) r.y = [chart.scales.y.min, chart.scales.y.max];
   return r;
 })"""
 
@@ -274,8 +276,9 @@ def main():
         painted = 100 * c['painted'] / max(c['w'] * c['h'], 1)
         ok = painted >= 0.5 and c['colours'] >= 3 and not c['error']
         blank += not ok
-        print('canvas %s "%s" %dx%d painted=%.1f%% colours=%d %s' % (
-            c['id'], c['title'], c['w'], c['h'], painted, c['colours'],
+        y = ' y=[%g, %g]' % tuple(c['y']) if c.get('y') else ''
+        print('canvas %s "%s" %dx%d painted=%.1f%% colours=%d%s %s' % (
+            c['id'], c['title'], c['w'], c['h'], painted, c['colours'], y,
             'ok' if ok else ' '.join(('BLANK', c['error'])).strip()))
     if len(stats) < args.expect_canvases:
         errors.append('expected at least %d canvases, found %d' % (

@@ -196,6 +196,9 @@ TEST_F(KilledAndResumed, TheReportMarksTheKillsResumesAndSignalAndRendersInChrom
   const Result browser = check_page(page, 6);
   EXPECT_EQ(browser.exit_code, 0) << browser.out << browser.err;
   EXPECT_TRUE(contains(browser.out, "6 canvases, 0 errors: ok")) << browser.out;
+  // The lr is 0.05 throughout: its axis spans a twentieth of it each side, not 0.05 +- 1.
+  EXPECT_TRUE(contains(browser.out, "canvas chart-lr \"Learning rate\"")) << browser.out;
+  EXPECT_TRUE(contains(browser.out, "y=[0.0475, 0.0525]")) << browser.out;
   // The tables: the plan's breakdown and the resolved config the run wrote.
   std::vector<std::string> titles;
   for (const auto& t : data["tables"]) titles.push_back(t["title"]);

@@ -79,6 +79,31 @@
     return scale;
   }
 
+  // A line of one value (a one-epoch run's accuracy, a constant lr): Chart.js would span
+  // value - 1 to value + 1, which flattens an accuracy of 0.9 into the axis' middle. Span a
+  // twentieth of the value on each side instead (a tenth for a logarithmic axis).
+  function flatAxis(axis, values, logarithmic) {
+    var finite = values.filter(function (v) { return typeof v === 'number' && isFinite(v); });
+    if (!finite.length || finite.some(function (v) { return v !== finite[0]; })) return axis;
+    var v = finite[0];
+    if (logarithmic) {
+      if (v <= 0) return axis;
+      axis.min = v / 1.1;
+      axis.max = v * 1.1;
+    } else {
+      var pad = v === 0 ? 1 : Math.abs(v) / 20;
+      axis.min = v - pad;
+      axis.max = v + pad;
+    }
+    return axis;
+  }
+
+  function values(datasets, key) {
+    return datasets.reduce(function (all, d) {
+      return all.concat(d.data.map(function (p) { return p[key]; }));
+    }, []);
+  }
+
   function drawChart(spec) {
     var box = element('section', undefined, 'chart');
     box.appendChild(element('h2', spec.title));
@@ -119,9 +144,11 @@
         maintainAspectRatio: false,
         parsing: false,
         scales: {
-          x: xScale(spec, datasets),
-          y: {type: spec.y_scale === 'logarithmic' ? 'logarithmic' : 'linear',
-              title: {display: true, text: spec.y_label}}
+          x: spec.x_axis === 'epoch' ? xScale(spec, datasets) :
+            flatAxis(xScale(spec, datasets), values(datasets, 'x'), false),
+          y: flatAxis({type: spec.y_scale === 'logarithmic' ? 'logarithmic' : 'linear',
+                       title: {display: true, text: spec.y_label}},
+                      values(datasets, 'y'), spec.y_scale === 'logarithmic')
         },
         plugins: {
           legend: {position: 'bottom'},
