@@ -362,6 +362,44 @@ TEST(SeeTheRun, OnlyRankZeroWritesTensorBoardFiles) {
   }
 }
 
+// A real out-of-memory error in the middle of training: the CPU allocator under --memory-limit
+// refuses step 5's allocations once the test's hog (util/faults.h) has taken the room the plan
+// left after step 4. The step is done again at half the micro-batch, the global batch kept,
+// each step is logged once, and the report marks the fallback where it happened.
+TEST(SeeTheRun, AnOutOfMemoryStepIsRetriedAtHalfTheMicroBatchAndMarked) {
+  TempDir dir("see-the-run");
+  // A CNN: its activations, not the weights' gradients, are what a step adds.
+  std::string yaml = small_config(400, 20, 1);
+  yaml.replace(yaml.find("{name: mlp, hidden: [64]}"), 25, "{name: cnn}");
+  const std::string config = write_config(dir, yaml);
+  const std::string run = dir / "run";
+  const Result r = run_gpurun({config, "--ckpt", run, "--memory-limit", "256MiB"},
+                              {{"GPURUN_FAULT", "hog:after_step:4"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "out of memory at global step 4 with micro-batch 20")) << r.err;
+  const auto plans = events(run, "plan");
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_EQ(plans[0]["micro_batch"], 20);
+  EXPECT_EQ(plans[0]["accumulation_steps"], 1);
+  EXPECT_EQ(plans[1]["out_of_memory"], true);
+  EXPECT_EQ(plans[1]["global_step"], 4);
+  EXPECT_EQ(plans[1]["micro_batch"], 10);
+  EXPECT_EQ(plans[1]["accumulation_steps"], 2);
+  EXPECT_EQ(plans[1]["global_batch"], 20);
+  std::vector<int64_t> steps, expected;
+  for (const auto& e : events(run, "step")) steps.push_back(e["global_step"]);
+  for (int64_t s = 1; s <= 20; ++s) expected.push_back(s);
+  EXPECT_EQ(steps, expected);
+
+  const Result report = run_gpurun({"report", run});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  const nlohmann::json data = page_data(run + "/report.html");
+  ASSERT_EQ(mark_kinds(data), std::vector<std::string>{"oom"}) << data["marks"];
+  EXPECT_EQ(data["marks"][0]["step"], 4);
+  EXPECT_EQ(data["marks"][0]["label"],
+            "out of memory at step 5: micro-batch 20 -> 10, accumulation 2");
+}
+
 // A queue directory: one table row and one line per run, in the browser too.
 TEST(SeeTheRun, AQueueDirectoryIsOneLinePerRun) {
   TempDir dir("see-the-run");

@@ -403,7 +403,10 @@ class Trainer {
   /// half of what a step adds to the memory in use, so that the next step runs out for real.
   void hog_memory() {
     const int64_t now = session_.meter->current_bytes();
-    const int64_t step_adds = std::max<int64_t>(plan_.measured_peak_bytes - now, 2 << 20);
+    // The training steps' part: evaluation's or a capture's larger peak would leave room.
+    const int64_t step_peak =
+        plan_.measured.training > 0 ? plan_.measured.training : plan_.measured_peak_bytes;
+    const int64_t step_adds = std::max<int64_t>(step_peak - now, 2 << 20);
     const int64_t bytes = session_.meter->capacity_bytes() - now - step_adds / 2;
     if (bytes > 0) hog_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
   }
