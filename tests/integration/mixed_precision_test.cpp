@@ -114,10 +114,11 @@ TEST(Precision, ChangingAFixedPrecisionOnResumeIsRefusedButAutoResumesUnderAny) 
                                "train.precision=fp32", "--set", "train.epochs=2"});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(inspect(dir / "auto")["extra"]["precision"], "fp32");
-  if (chosen != "fp32")
+  if (chosen != "fp32") {
     EXPECT_TRUE(contains(resumed.err, "the checkpoint was trained in " + chosen +
                                           " (train.precision auto); training continues in fp32"))
         << resumed.err;
+  }
 }
 
 }  // namespace
