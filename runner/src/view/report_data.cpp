@@ -8,7 +8,6 @@
 #include <cstdlib>
 
 #include <algorithm>
-#include <cmath>
 #include <ctime>
 #include <optional>
 #include <vector>
@@ -24,6 +23,14 @@
 #include "view/run_analysis.h"
 
 namespace gpurun {
+
+using view::analyse;
+using view::Analysis;
+using view::number;
+using view::Point;
+using view::Series;
+using view::text_of;
+
 namespace {
 
 using nlohmann::json;

@@ -7,7 +7,7 @@
 
 #include "util/signals.h"
 
-namespace gpurun {
+namespace gpurun::view {
 
 using nlohmann::json;
 
@@ -200,4 +200,4 @@ Analysis analyse(const std::vector<json>& events) {
   return a;
 }
 
-}  // namespace gpurun
+}  // namespace gpurun::view

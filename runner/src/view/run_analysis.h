@@ -15,7 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gpurun {
+// In gpurun::view: these are the report's own vocabulary, not the library's.
+namespace gpurun::view {
 
 /// A point of a curve, with the global step it was logged at: a resume drops the points a
 /// killed process logged after the step the next one continued from.
@@ -82,4 +83,4 @@ std::optional<double> number(const nlohmann::json& fields, const char* key);
 /// A string as it is, null as "", anything else as its JSON text.
 std::string text_of(const nlohmann::json& v);
 
-}  // namespace gpurun
+}  // namespace gpurun::view
