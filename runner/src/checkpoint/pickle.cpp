@@ -3,7 +3,6 @@
 #include <ATen/core/Dict.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
 
@@ -11,6 +10,7 @@
 #include <charconv>
 #include <cstring>
 #include <string_view>
+#include <unordered_map>
 
 #include "gpurun/errors.h"
 
@@ -42,10 +42,11 @@ bool loadable(at::ScalarType type) {
   }
 }
 
-/// Empty when every element of `t` lies inside its storage; else why not. The sizes, strides
-/// and offset come from the pickle, the storage's size from the archive's record: a damaged
-/// file may make them disagree, and a copy would then read past the storage.
-std::string outside_storage(const at::Tensor& t) {
+/// Empty when every element of `t` lies inside the `storage_bytes` its storage really holds;
+/// else why not. The sizes, strides and offset come from the pickle, and so does the size the
+/// storage claims (its element count); the bytes behind it are the archive's record. A damaged
+/// file may make them disagree, and a copy would then read past the record.
+std::string outside_storage(const at::Tensor& t, size_t storage_bytes) {
   if (t.numel() == 0) return "";
   // Element offsets of the first and last element, without overflow (__int128 holds any sum
   // of products of two int64 values over a tensor's dimensions).
@@ -55,10 +56,10 @@ std::string outside_storage(const at::Tensor& t) {
     (span < 0 ? lo : hi) += span;
   }
   const __int128 needed = (hi + 1) * static_cast<__int128>(t.element_size());
-  if (lo >= 0 && needed <= static_cast<__int128>(t.storage().nbytes())) return "";
+  if (lo >= 0 && needed <= static_cast<__int128>(storage_bytes)) return "";
   return "sizes " + c10::str(t.sizes()) + ", strides " + c10::str(t.strides()) + " and offset " +
          std::to_string(t.storage_offset()) + " reach outside its storage of " +
-         std::to_string(t.storage().nbytes()) + " bytes";
+         std::to_string(storage_bytes) + " bytes";
 }
 
 /// The arguments that follow an opcode of pickle protocols 0 to 5.
@@ -445,33 +446,43 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
                               const std::string& what) {
   c10::IValue value;
   std::string problem;
+  // The bytes each storage's record really holds, by its data pointer: LibTorch's unpickler
+  // sizes a storage by the element count the pickle names, over whatever its record holds.
+  std::unordered_map<const void*, size_t> record_bytes;
   try {
     caffe2::serialize::PyTorchStreamReader archive(std::move(reader));
-    std::string python;  // a Python state_dict's pickle, rewritten: see without_ordered_dicts()
-    if (archive.hasRecord("data.pkl")) {  // otherwise readArchiveAndTensors() names what lacks
+    if (!archive.hasRecord("data.pkl")) {
+      problem = "it has no data.pkl";
+    } else {
       const auto [pickle, size] = archive.getRecord("data.pkl");
       const char* bytes = static_cast<const char*>(pickle.get());
       problem = pickle_problem(bytes, size);
-      if (problem.empty() && std::string_view(bytes, size).find("collections\nOrderedDict\n") !=
-                                 std::string_view::npos)
-        python = without_ordered_dicts(std::string(bytes, size));
-    }
-    if (problem.empty() && !python.empty()) {
-      size_t offset = 0;
-      torch::jit::Unpickler unpickler(
-          [&](char* buf, size_t n) {
-            const size_t count = std::min(n, python.size() - offset);
-            if (count > 0) std::memcpy(buf, python.data() + offset, count);
-            offset += count;
-            return count;
-          },
-          /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
-          [&](const std::string& name) { return std::get<0>(archive.getRecord("data/" + name)); },
-          std::nullopt);
-      value = unpickler.parse_ivalue();
-    } else if (problem.empty()) {
-      value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-                                                std::nullopt, std::nullopt, std::nullopt, archive);
+      // A Python state_dict's pickle is rewritten: see without_ordered_dicts().
+      const std::string data =
+          problem.empty() && std::string_view(bytes, size).find("collections\nOrderedDict\n") !=
+                                 std::string_view::npos
+              ? without_ordered_dicts(std::string(bytes, size))
+              : std::string(bytes, size);
+      if (problem.empty()) {
+        // torch::jit::readArchiveAndTensors() but for the record sizes kept.
+        size_t offset = 0;
+        torch::jit::Unpickler unpickler(
+            [&](char* buf, size_t n) {
+              const size_t count = std::min(n, data.size() - offset);
+              if (count > 0) std::memcpy(buf, data.data() + offset, count);
+              offset += count;
+              return count;
+            },
+            /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
+            [&](const std::string& name) {
+              auto [record, record_size] = archive.getRecord("data/" + name);
+              record_bytes[record.get()] = record_size;
+              return std::move(record);
+            },
+            std::nullopt);
+        unpickler.set_version(archive.version());
+        value = unpickler.parse_ivalue();
+      }
     }
   } catch (const c10::Error& e) {  // LibTorch's own: without its C++ backtrace
     throw DamagedCheckpointError(what +
@@ -498,7 +509,11 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
       throw DamagedCheckpointError(what + ": tensor " + entry.key().toStringRef() + " has dtype " +
                                    c10::toString(tensor.scalar_type()) +
                                    ", which no gpurun checkpoint holds");
-    if (const std::string outside = outside_storage(tensor); !outside.empty())
+    const auto record = record_bytes.find(tensor.storage().data());
+    const size_t storage_bytes = record == record_bytes.end()
+                                     ? tensor.storage().nbytes()
+                                     : std::min<size_t>(tensor.storage().nbytes(), record->second);
+    if (const std::string outside = outside_storage(tensor, storage_bytes); !outside.empty())
       throw DamagedCheckpointError(what + ": tensor " + entry.key().toStringRef() + ": " + outside);
     out.emplace_back(entry.key().toStringRef(), tensor);
   }
