@@ -171,8 +171,10 @@ class CpuMeter final : public MemoryMeter {
         previous_(c10::GetCPUAllocator()),
         allocator_(new CountingCpuAllocator(previous_, counter_)),
         device_(host_memory_bytes()),
-        capacity_(limit_bytes > 0 ? limit_bytes : device_) {
-    counter_->limit = limit_bytes;
+        capacity_(limit_bytes > 0 ? limit_bytes : cpu_tensor_capacity_bytes(device_)) {
+    // Always enforced: without a limit a probe or a step that outgrows the machine is killed
+    // by the kernel (or another process is) instead of failing as an out-of-memory error.
+    counter_->limit = capacity_;
     c10::SetCPUAllocator(allocator_, kAllocatorPriority);
   }
 
@@ -277,6 +279,10 @@ class CudaMeter final : public MemoryMeter {
 #endif  // GPURUN_CUDA_METER
 
 }  // namespace
+
+int64_t cpu_tensor_capacity_bytes(int64_t host_bytes) {
+  return host_bytes - std::max(kNonTensorReserveMinBytes, host_bytes / kNonTensorReserveDivisor);
+}
 
 std::unique_ptr<MemoryMeter> make_cpu_meter(int64_t limit_bytes) {
   return std::make_unique<CpuMeter>(limit_bytes);

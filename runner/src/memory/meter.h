@@ -77,8 +77,11 @@ class MemoryMeter {
 /// `limit_bytes` <= 0: no limit.
 ///
 /// capacity_bytes(): `limit_bytes` when > 0 (even above the machine's memory), else
-/// device_bytes(): the physical RAM (sysconf), or the cgroup memory limit of this process when
-/// that is smaller.
+/// cpu_tensor_capacity_bytes(device_bytes()), where device_bytes() is the physical RAM
+/// (sysconf), or the cgroup memory limit of this process when that is smaller. The capacity is
+/// always enforced as the limit, so that no probe or step can take the machine's memory and
+/// be killed by the kernel: it fails as an out-of-memory error that the planner and the trainer
+/// handle.
 ///
 /// Why a wrapping allocator and not a c10::MemoryReportingInfoBase installed with
 /// c10::DebugInfoGuard (docs/architecture.md, "LibTorch facts the code relies on"): that hook is
@@ -95,6 +98,18 @@ class MemoryMeter {
 /// meter keep a pointer to it and allocate through it when they grow; after the meter is
 /// gone it forwards such allocations, uncounted, to the CPU allocator then in force.
 std::unique_ptr<MemoryMeter> make_cpu_meter(int64_t limit_bytes);
+
+/// What the host keeps for memory that is not a tensor of the run: the libraries, the data set
+/// held in memory, the pickled image of a checkpoint being written, the allocator's
+/// fragmentation, and the other processes of the machine: max(1 GiB, an eighth of the host).
+constexpr int64_t kNonTensorReserveMinBytes = int64_t{1} << 30;
+constexpr int64_t kNonTensorReserveDivisor = 8;
+
+/// The bytes a CPU run's tensors may take on a host of `host_bytes` (physical RAM or cgroup
+/// limit) when memory.capacity is auto and no --memory-limit is given: `host_bytes` less the
+/// reserve above; a fixed function of the machine, so that a resume on the same machine reuses
+/// its checkpoint's plan. Negative or zero for a host under 1 GiB.
+int64_t cpu_tensor_capacity_bytes(int64_t host_bytes);
 
 /// A meter for `device`: make_cpu_meter(limit_bytes) for a CPU device; for a CUDA device
 /// (its index, or the current device when it has none) the caching allocator's statistics,

@@ -228,11 +228,29 @@ TEST(MemoryMeter, MakeMeterRefusesUnsupportedDevices) {
 }
 
 TEST(MemoryMeter, DeviceBytesAreTheMachinesWhateverTheLimit) {
-  const int64_t machine = make_cpu_meter(0)->capacity_bytes();
+  const int64_t machine = make_cpu_meter(0)->device_bytes();
   auto above = make_cpu_meter(int64_t{1} << 50);         // 1 PiB
   EXPECT_EQ(above->capacity_bytes(), int64_t{1} << 50);  // on the CPU a limit is taken as given
   EXPECT_EQ(above->device_bytes(), machine);
   EXPECT_EQ(make_cpu_meter(123)->device_bytes(), machine);
+}
+
+// Issue 31, item 1: without a limit the meter counted and never refused, so a probe of a step
+// larger than the machine was killed by the kernel (exit 137) instead of failing as an
+// out-of-memory error. The auto capacity leaves room for what is not a tensor and is enforced.
+TEST(MemoryMeter, AutoCapacityLeavesRoomForWhatIsNotATensorAndIsEnforced) {
+  auto meter = make_cpu_meter(0);
+  const int64_t host = meter->device_bytes();
+  EXPECT_EQ(meter->capacity_bytes(), cpu_tensor_capacity_bytes(host));
+  EXPECT_LE(meter->capacity_bytes(), host - (int64_t{1} << 30));
+  EXPECT_LE(meter->capacity_bytes(), host - host / 8);
+  EXPECT_GT(meter->capacity_bytes(), host / 2);
+  // One byte over the capacity is refused before any memory is taken.
+  const int64_t before = meter->current_bytes();
+  EXPECT_THROW(at::empty({meter->capacity_bytes() - before + 1}, at::kByte), c10::OutOfMemoryError);
+  EXPECT_EQ(meter->current_bytes(), before);
+  EXPECT_EQ(cpu_tensor_capacity_bytes(int64_t{64} << 30), int64_t{56} << 30);
+  EXPECT_EQ(cpu_tensor_capacity_bytes(int64_t{4} << 30), int64_t{3} << 30);
 }
 
 TEST(MemoryMeter, ReservedCoversAllocatedAndTheCacheGoesBack_CUDA) {
