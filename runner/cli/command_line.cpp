@@ -25,6 +25,7 @@
 #include "gpurun/errors.h"
 #include "launch/launcher.h"
 #include "model/plugin_loader.h"
+#include "util/signals.h"
 #include "util/units.h"
 #include "util/version.h"
 
@@ -39,7 +40,7 @@ const char* const kUsage =
     "  gpurun [run] CONFIG.yaml --ckpt DIR --nproc-per-node N [--nnodes N --node-rank R\n"
     "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--cards FILE]\n"
-    "              [--deadline HOURS] [--estimate-only] [--json]\n"
+    "              [--deadline HOURS] [--estimate-only] [--probe-precisions] [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
     "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
@@ -181,13 +182,14 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2)
       usage_error(
           "usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--cards FILE] [--deadline HOURS] "
-          "[--estimate-only] [--json]");
+          "[--estimate-only] [--probe-precisions] [--json]");
     cmd.kind = Command::Kind::kPlan;
     cmd.config_path = args[1];
     if (r.count("cards")) cmd.cards = r["cards"].as<std::string>();
     cmd.deadline_hours = r["deadline"].as<double>();
     if (!(cmd.deadline_hours > 0)) usage_error("--deadline must be a positive number of hours");
     cmd.estimate_only = r.count("estimate-only") > 0;
+    cmd.probe_precisions = r.count("probe-precisions") > 0;
     return cmd;
   }
   if (first == "run") args.erase(args.begin());
@@ -229,8 +231,10 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       out << version_line() << "\n";
       return kExitOk;
     case Command::Kind::kCkpt:
+      exit_at_first_signal("ckpt");  // it only reads: nothing to save, nothing to wait for
       return ckpt_command(cmd.action, cmd.dir, cmd.json, out);
     case Command::Kind::kStatus:
+      exit_at_first_signal("status");
       return status_command(cmd.dir, cmd.json, out);
     case Command::Kind::kReport:
       return report_command(cmd.dir, cmd.out, out);
@@ -240,12 +244,15 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
                            cmd.launch.hang_timeout, out);
     case Command::Kind::kPlan: {
+      // A plan saves nothing: Ctrl-C or SIGTERM during a probe ends it at once.
+      exit_at_first_signal("plan");
       RunConfig config = load_config(cmd.config_path, cmd.overrides);
       load_configured_plugin(config, registry);
       PlanOptions options;
       if (!cmd.cards.empty()) options.cards = load_cards(cmd.cards);
       options.deadline_hours = cmd.deadline_hours;
       options.estimate_only = cmd.estimate_only;
+      options.probe_precisions = cmd.probe_precisions;
       return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, options,
                           out);
     }

@@ -34,6 +34,7 @@ const std::vector<OptionSpec>& option_table() {
     {kDistributed, "master-port", T::kInt, "PORT", "", "TCP port of the rendezvous store", true},
     {kPlan, "cards", T::kString, "FILE", "", "plan: the cards to forecast on (examples/cards.yaml's form); default: the bundled table"},
     {kPlan, "deadline", T::kDouble, "HOURS", "72", "plan: when one card needs longer, say how many cards DDP needs"},
+    {kPlan, "probe-precisions", T::kFlag, "", "", "plan: also measure the plan's step under the precisions the run does not use (real steps; otherwise they are estimated)"},
     {kPlan, "estimate-only", T::kFlag, "", "", "plan: build the model without its weights and run nothing: the estimate alone (automatic when the weights do not fit here)"},
     {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
     {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},

@@ -19,6 +19,8 @@
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "report/reporter.h"
+#include "train/device.h"
+#include "train/precision.h"
 #include "train/run_setup.h"
 #include "util/clock.h"
 #include "util/units.h"
@@ -58,6 +60,13 @@ void add_cards(nlohmann::json& result, const Workload& w, const std::vector<Card
     result["cards"].push_back(forecast(card, w, deadline_hours).to_json(card));
   result["deadline_hours"] = deadline_hours;
   result["assumed_utilisation"] = kAssumedUtilisation;
+}
+
+/// The most resident memory this process has had, in bytes.
+int64_t host_peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
 }
 
 std::string hours_text(const nlohmann::json& v) {
@@ -152,9 +161,7 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
       {"total_steps", w.optimizer_steps}};
   add_cards(result, w, options.cards, options.deadline_hours);
   result["seconds"] = seconds_since(start);
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  result["host_peak_rss_bytes"] = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+  result["host_peak_rss_bytes"] = host_peak_rss_bytes();
   if (json) {
     out << result.dump() << "\n";
     return 0;
@@ -181,13 +188,16 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                  bool json, const Registry& registry, const PlanOptions& options,
                  std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
-  // The model's size, learned without its weights, and the data it was learned for: once, for
-  // the estimate whichever way it is reached. A TorchScript module is refused by the estimate.
+  // The model's size and its estimate, learned without its weights for this device and
+  // precision, and the data it was learned for: once, for whichever way the plan goes. A
+  // TorchScript module is refused by the estimate.
   DatasetSplits data;
   ModelShape shape;
   if (config.model.torchscript.empty()) {
     data = registry.make_dataset(config.data);
-    shape = probe_model_shape(config, registry, data);
+    const c10::Device target = select_device(device, 0);
+    shape = probe_model_shape(config, registry, data, target,
+                              resolve_precision(config.train.precision, target).precision);
   }
   auto from_estimate = [&](const std::string& why) {
     return estimate_plan(config, device, json, registry, options, out, why, data, shape, start);
@@ -204,10 +214,15 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   }
   std::optional<Session> opened;
   try {
-    opened.emplace(open_session(config, device, memory_limit, registry));
+    opened.emplace(open_session(config, device, memory_limit, registry, 0,
+                                config.model.torchscript.empty() ? &shape : nullptr));
   } catch (const WeightsDoNotFit& e) {
     spdlog::info("{}: planning from the estimate", e.what());
     return from_estimate("the weights alone do not fit this device");
+  } catch (const RunDoesNotFit& e) {
+    // Nothing was built: the estimate alone says the smallest step exceeds this device.
+    spdlog::info("{}: planning from the estimate", e.what());
+    return from_estimate(e.what());
   }
   Session& session = *opened;
   std::optional<MemoryPlan> made;
@@ -222,50 +237,47 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   const MemoryPlan& plan = *made;
   const Estimate estimate = estimate_for(config, session, plan);
 
-  // Two sizes without checkpointing and one with fix the lines for the card table.
-  const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
-  Prober prober(*session.model, session.data, config.optim, *session.meter,
-                config.memory.probe_steps, session.device, session.loss,
-                session.precision.precision);
-  checkpoint_every_segment(*session.model, false);
-  const Probe full = prober.train(micro, false);
-  const Probe half = prober.train(std::max<int64_t>(1, micro / 2), false);
+  // The card table's lines go through the plan's measured training peak with the estimate's
+  // activations per sample as their slope: no probe beyond the plan's own.
+  const Estimate one = estimate_at(config, session, 1, false);
+  const Estimate one_ck = estimate_at(config, session, 1, true);
+  const double measured_slope =
+      static_cast<double>((plan.activation_checkpointing ? one_ck : one).activations);
   MemoryLine plain;
-  const Estimate at_micro = estimate_for(config, session, [&] {
-    MemoryPlan p = plan;
-    p.micro_batch = micro;
-    p.activation_checkpointing = false;
-    return p;
-  }());
-  plain.per_sample = static_cast<double>(at_micro.activations) / micro;
-  if (!full.out_of_memory && !half.out_of_memory && half.micro_batch < micro)
-    plain.per_sample =
-        static_cast<double>(full.peak_bytes - half.peak_bytes) / (micro - half.micro_batch);
-  const Probe& anchor = full.out_of_memory ? half : full;
-  plain.fixed = anchor.out_of_memory ? static_cast<double>(at_micro.total() - at_micro.activations)
-                                     : anchor.peak_bytes - plain.per_sample * anchor.micro_batch;
+  plain.per_sample = static_cast<double>(one.activations);
+  plain.fixed = std::max(0.0, static_cast<double>(plan.measured.training) -
+                                  measured_slope * static_cast<double>(plan.micro_batch));
   std::optional<MemoryLine> checkpointed;
-  if (!session.model->segments().empty()) {
-    const Probe ck = prober.train(micro, true);
-    if (!ck.out_of_memory)
-      checkpointed = MemoryLine{plain.fixed, std::max(0.0, (ck.peak_bytes - plain.fixed) / micro)};
-  }
-  // The plan's training step under each precision, side by side: measured and estimated.
+  if (!session.model->segments().empty())
+    checkpointed = MemoryLine{plain.fixed, static_cast<double>(one_ck.activations)};
+  // One step time, defined once: seconds per optimizer step of this plan (its micro-batches).
+  const double step_seconds = plan.step_seconds * static_cast<double>(plan.accumulation_steps);
+  // The plan's training step under each precision: the estimate; measured for this run's
+  // precision (the plan's own probe), and for the others only with --probe-precisions.
   nlohmann::json precisions = nlohmann::json::array();
   for (const Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
-    Prober under(*session.model, session.data, config.optim, *session.meter,
-                 config.memory.probe_steps, session.device, session.loss, p);
-    const Probe probe = under.train(plan.micro_batch, plan.activation_checkpointing);
+    const bool this_run = p == session.precision.precision;
+    nlohmann::json measured_peak, measured_step;
+    if (this_run) {
+      measured_peak = plan.measured.training;
+      measured_step = step_seconds;
+    } else if (options.probe_precisions) {
+      spdlog::info("probing the plan's step under {} ({} steps)", precision_name(p),
+                   config.memory.probe_steps);
+      Prober under(*session.model, session.data, config.optim, *session.meter,
+                   config.memory.probe_steps, session.device, session.loss, p);
+      const Probe probe = under.train(plan.micro_batch, plan.activation_checkpointing);
+      if (!probe.out_of_memory) measured_peak = probe.peak_bytes;
+      measured_step = probe.step_seconds * static_cast<double>(plan.accumulation_steps);
+    }
     const Estimate e =
         estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
                       plan.activation_checkpointing, session.device, p);
-    precisions.push_back(
-        {{"precision", precision_name(p)},
-         {"measured_peak_bytes",
-          probe.out_of_memory ? nlohmann::json() : nlohmann::json(probe.peak_bytes)},
-         {"estimated_peak_bytes", e.total()},
-         {"step_seconds", probe.step_seconds},
-         {"this_run", p == session.precision.precision}});
+    precisions.push_back({{"precision", precision_name(p)},
+                          {"measured_peak_bytes", measured_peak},
+                          {"estimated_peak_bytes", e.total()},
+                          {"step_seconds", measured_step},
+                          {"this_run", this_run}});
   }
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
@@ -279,7 +291,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
 
   const int64_t n = session.data.train->size();
   const int64_t steps = (n + plan.global_batch - 1) / plan.global_batch * config.train.epochs;
-  const double eta = static_cast<double>(steps) * plan.accumulation_steps * plan.step_seconds;
+  const double eta = static_cast<double>(steps) * step_seconds;
   nlohmann::json result = plan.to_json();
   result["device"] = session.meter->device_name();
   result["breakdown"] = estimate.to_json();
@@ -289,6 +301,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   result["lora_layers"] = session.lora_layers;
   result["precision_reason"] = session.precision.reason;
   result["eta_seconds"] = eta;
+  result["optimizer_step_seconds"] = step_seconds;
+  result["seconds"] = seconds_since(start);
   result["total_steps"] = steps;
   if (!session.data_stage.empty()) result["data_stage"] = session.data_stage;
   Workload w =
@@ -303,6 +317,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   if (plan.step_seconds > 0)
     result["flops_per_second_here"] = estimate.forward_flops_per_sample * 3.0 *
                                       static_cast<double>(plan.micro_batch) / plan.step_seconds;
+  result["host_peak_rss_bytes"] = host_peak_rss_bytes();
   if (json) {
     out << result.dump() << "\n";
     return 0;
@@ -350,19 +365,28 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   out << "precision       " << precision_name(session.precision.precision) << " ("
       << session.precision.reason << "); a training step of this plan under each:\n";
   for (const auto& p : precisions) {
-    const std::string measured = p["measured_peak_bytes"].is_null()
-                                     ? "out of memory"
-                                     : format_bytes(p["measured_peak_bytes"].get<int64_t>());
-    std::snprintf(line, sizeof line, "  %-4s          peak %s (estimated %s), %.4f s/step%s\n",
-                  p["precision"].get<std::string>().c_str(), measured.c_str(),
-                  format_bytes(p["estimated_peak_bytes"].get<int64_t>()).c_str(),
-                  p["step_seconds"].get<double>(),
-                  p["this_run"].get<bool>() ? "  <- this run" : "");
+    const bool probed = !p["step_seconds"].is_null();
+    std::string measured = "not probed (--probe-precisions)";
+    if (probed)
+      measured = p["measured_peak_bytes"].is_null()
+                     ? "out of memory"
+                     : "measured " + format_bytes(p["measured_peak_bytes"].get<int64_t>());
+    char step[64] = "";
+    if (probed)
+      std::snprintf(step, sizeof step, ", %.4f s per optimizer step",
+                    p["step_seconds"].get<double>());
+    std::snprintf(line, sizeof line, "  %-4s          estimated %s, %s%s%s\n",
+                  p["precision"].get<std::string>().c_str(),
+                  format_bytes(p["estimated_peak_bytes"].get<int64_t>()).c_str(), measured.c_str(),
+                  step, p["this_run"].get<bool>() ? "  <- this run" : "");
     out << line;
   }
   std::snprintf(line, sizeof line,
-                "step time       %.4f s per micro-batch; %lld optimizer steps; ETA %s\n",
-                plan.step_seconds, static_cast<long long>(steps), format_duration(eta).c_str());
+                "step time       %.4f s per optimizer step (%lld micro-batch%s of %lld, measured); "
+                "%lld optimizer steps; ETA %s\n",
+                step_seconds, static_cast<long long>(plan.accumulation_steps),
+                plan.accumulation_steps == 1 ? "" : "es", static_cast<long long>(plan.micro_batch),
+                static_cast<long long>(steps), format_duration(eta).c_str());
   out << line;
   for (const auto& staged : session.data_stage) {
     const int64_t files = staged["files"].get<int64_t>();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,18 +45,22 @@ Result wait_for(pid_t pid, const std::string& out_path, const std::string& err_p
                 double timeout_seconds) {
   Result r;
   int status = 0;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  rusage usage{};
+  const auto start = std::chrono::steady_clock::now();
+  auto deadline = start + std::chrono::duration<double>(timeout_seconds);
   while (true) {
-    pid_t done = waitpid(pid, &status, WNOHANG);
+    pid_t done = wait4(pid, &status, WNOHANG, &usage);
     if (done == pid) break;
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
+      wait4(pid, &status, 0, &usage);
       ADD_FAILURE() << "process " << pid << " timed out after " << timeout_seconds << " s";
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.max_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   r.out = slurp(out_path);

@@ -18,6 +18,8 @@ struct Result {
   int exit_code = -1;  ///< exit status, or -1 when killed by a signal
   int signal = 0;      ///< the signal that ended it, 0 when it exited
   std::string out, err;
+  double seconds = 0;         ///< wall time from the wait's start to the exit
+  int64_t max_rss_bytes = 0;  ///< the largest resident set of the process (and children it reaped)
 };
 
 /// A fresh directory under $TMPDIR, removed by the destructor.

@@ -68,13 +68,17 @@ TEST(MemoryFit, RunUnderALimitBelowTheConfiguredPeakFitsAndLearnsTheSame) {
   ASSERT_EQ(limited_epochs.size(), 2u);
   EXPECT_NEAR(limited_epochs.back()["eval_accuracy"].get<double>(),
               free_epochs.back()["eval_accuracy"].get<double>(), 0.02);
-  // The planner's predicted peak is within 15% of the peak measured during training.
+  // The planner's predicted peak is within 15% of the peak measured during training. The run
+  // reaches it once its checkpoint copy is held between saves (the plan counts it in training
+  // and evaluation), so after the first save: the run's peak is the largest epoch's.
+  double run_peak = 0;
   for (const auto& e : limited_epochs) {
     const double trained = e["peak_bytes"].get<double>();
     EXPECT_LE(trained, static_cast<double>(limit));
-    EXPECT_LT(std::abs(plan["measured_peak_bytes"].get<double>() - trained) / trained, 0.15)
-        << "plan " << plan["measured_peak_bytes"] << " vs training " << trained;
+    run_peak = std::max(run_peak, trained);
   }
+  EXPECT_LT(std::abs(plan["measured_peak_bytes"].get<double>() - run_peak) / run_peak, 0.15)
+      << "plan " << plan["measured_peak_bytes"] << " vs training " << run_peak;
 }
 
 // Case 3: 40 micro-batches, accumulation 4, 10-step warm-up: 10 scheduler steps, each LR equal

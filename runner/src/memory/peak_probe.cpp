@@ -174,6 +174,25 @@ nlohmann::json Estimate::to_json() const {
           {"forward_flops_per_sample", forward_flops_per_sample}};
 }
 
+Estimate Estimate::from_json(const nlohmann::json& j) {
+  Estimate e;
+  if (!j.is_object()) return e;
+  e.parameters = j.value("parameters", int64_t{0});
+  e.gradients = j.value("gradients", int64_t{0});
+  e.optimizer_state = j.value("optimizer_state", int64_t{0});
+  e.activations = j.value("activations", int64_t{0});
+  e.weight_casts = j.value("weight_casts", int64_t{0});
+  e.optimizer_temporaries = j.value("optimizer_temporaries", int64_t{0});
+  e.forward_flops_per_sample = j.value("forward_flops_per_sample", 0.0);
+  return e;
+}
+
+Estimate Estimate::at_micro_batch(int64_t micro_batch) const {
+  Estimate e = *this;
+  e.activations = activations * micro_batch;
+  return e;
+}
+
 int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool checkpointing) {
   int64_t inputs = 0, saved = 0, largest_saved = 0, largest = 0;
   for (const SegmentActivations& a : segments) {
@@ -187,9 +206,7 @@ int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool c
   return (checkpointing ? inputs + largest_saved : saved) + largest;
 }
 
-Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
-                       const std::vector<int64_t>& input_shape, int64_t micro_batch,
-                       bool checkpointing, c10::Device device, Precision precision) {
+Estimate estimate_state(SegmentedModel& model, const OptimConfig& optim, Precision precision) {
   Estimate e;
   for (const auto& entry : state_dict(model)) e.parameters += entry.second.nbytes();
   const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
@@ -209,6 +226,14 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
     if (optim.momentum > 0) e.optimizer_state = e.gradients;
     if (optim.weight_decay > 0) e.optimizer_temporaries = largest;
   }
+  return e;
+}
+
+Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
+                       const std::vector<int64_t>& input_shape, int64_t micro_batch,
+                       bool checkpointing, c10::Device device, Precision precision) {
+  Estimate e = estimate_state(model, optim, precision);
+  const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
 
   const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
   const std::vector<SegmentActivations> segments =
@@ -250,11 +275,24 @@ void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
   }
 }
 
-std::unique_ptr<torch::optim::Optimizer> Prober::after_one_step(const MemoryPlan& plan) {
+std::unique_ptr<torch::optim::Optimizer> Prober::between_steps(const MemoryPlan& plan) {
   checkpoint_every_segment(model_, plan.activation_checkpointing);
   model_.train();
-  auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
-  step(*optimizer, first_samples(plan.micro_batch, data_.train->size()), plan.micro_batch);
+  // What lives between two of the run's steps is the weights, their gradients and the
+  // optimizer's state; the activations are gone. Made without running the model (a step of a
+  // large model takes a minute on a CPU): a zero gradient for every trainable parameter and one
+  // optimizer step, which allocates the state as the run's first step does. The weights it
+  // changes (weight decay) are put back by the probe's Restorer.
+  const std::vector<at::Tensor> params = trainable_parameters(model_);
+  {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& p : params) {
+      at::Tensor parameter = p;  // a handle: mutable_grad() is not const
+      parameter.mutable_grad() = at::zeros_like(p);
+    }
+  }
+  auto optimizer = make_optimizer(optim_, params);
+  optimizer->step();
   return optimizer;
 }
 
@@ -297,7 +335,7 @@ Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
   probe.micro_batch = eval_batch;
   Restorer restore(model_);
   try {
-    auto optimizer = after_one_step(train_plan);
+    auto optimizer = between_steps(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     evaluate_in_batches(model_, *data_.eval, first_samples(eval_batch, data_.eval->size()),
@@ -317,7 +355,7 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
   // The captured files are host bytes (std::string), which no meter counts, as in a save.
   std::optional<CheckpointSnapshot> snapshot;
   try {
-    auto optimizer = after_one_step(train_plan);
+    auto optimizer = between_steps(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     snapshot = capture_state(model_, *optimizer, CheckpointMeta{}, {}, &probes.copy_bytes);

@@ -62,7 +62,17 @@ struct Estimate {
            std::max(activations + weight_casts, optimizer_temporaries);
   }
   nlohmann::json to_json() const;
+  /// Inverse of to_json(); a missing part reads 0.
+  static Estimate from_json(const nlohmann::json& j);
+  /// `*this` being the estimate of micro-batch 1: the same with the activations of
+  /// `micro_batch` samples (they are linear in the micro-batch; the rest does not change).
+  Estimate at_micro_batch(int64_t micro_batch) const;
 };
+
+/// The parts of the Estimate that no micro-batch changes (parameters, gradients, optimizer
+/// state, weight casts, optimizer temporaries), read from the parameters alone, so that a model
+/// built WithoutWeights (model/without_weights.h) can be estimated; activations 0.
+Estimate estimate_state(SegmentedModel& model, const OptimConfig& optim, Precision precision);
 
 /// The activation bytes of one sample of `segments` (see Estimate::activations).
 int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool checkpointing);
@@ -90,15 +100,14 @@ class Prober {
   /// out_of_memory; memory is back at its baseline afterwards either way.
   Probe train(int64_t micro_batch, bool checkpointing);
 
-  /// One training step with `train_plan`'s micro-batch, then evaluation of `eval_batch`
-  /// samples as the trainer evaluates (evaluate_in_batches), measured from the end of the
-  /// training step, whose gradients and optimizer state stay alive as in the run.
+  /// Evaluation of `eval_batch` samples as the trainer evaluates (evaluate_in_batches) in the
+  /// memory state between two training steps (between_steps()), measured from that state.
   Probe eval(int64_t eval_batch, const MemoryPlan& train_plan);
 
-  /// One training step with `train_plan`'s micro-batch, then capture_state() of the model and
-  /// optimizer as a save does (`capture`); then, with the gradients and that optimizer gone,
-  /// restore_state() of the captured checkpoint into the model and a new optimizer, as a resume
-  /// does before training (`resume`). Each is measured on its own; step_seconds is its
+  /// In the memory state between two training steps (between_steps()), capture_state() of the
+  /// model and optimizer as a save does (`capture`); then, with the gradients and that optimizer
+  /// gone, restore_state() of the captured checkpoint into the model and a new optimizer, as a
+  /// resume does before training (`resume`). Each is measured on its own; step_seconds is its
   /// duration. An out-of-memory error marks the part it happened in (and `resume` when the
   /// capture failed, as there is nothing to load).
   CheckpointProbes checkpoint(const MemoryPlan& train_plan);
@@ -107,9 +116,10 @@ class Prober {
   /// One optimizer step as the trainer does it (zero_grad, micro-batches of `micro_batch`
   /// over `indices`, gradient clipping when configured, step).
   void step(torch::optim::Optimizer& optimizer, const at::Tensor& indices, int64_t micro_batch);
-  /// A new optimizer after one step() with `plan`'s micro-batch and checkpointing: the memory
-  /// state between two of the run's steps (gradients and optimizer state alive).
-  std::unique_ptr<torch::optim::Optimizer> after_one_step(const MemoryPlan& plan);
+  /// A new optimizer with its state and every trainable parameter's gradient allocated (zero
+  /// gradients, one optimizer step), with `plan`'s checkpointing set: the memory state between
+  /// two of the run's steps, without the cost of running one.
+  std::unique_ptr<torch::optim::Optimizer> between_steps(const MemoryPlan& plan);
 
   SegmentedModel& model_;
   const DatasetSplits& data_;

@@ -12,7 +12,27 @@
 namespace gpurun {
 namespace {
 
-bool fits(const Probe& p, int64_t usable) { return !p.out_of_memory && p.peak_bytes <= usable; }
+bool fits(const Probe& p, int64_t usable) { return p.measured() && p.peak_bytes <= usable; }
+
+/// What a probe that did not fit shows it needs, in bytes: its measured or estimated peak; out
+/// of memory, its estimate when that is above the capacity, else one byte more than the
+/// capacity (all that is known).
+int64_t need_of(const Probe& p, int64_t capacity) {
+  if (!p.out_of_memory) return p.peak_bytes;
+  return std::max(p.estimated_bytes, capacity + 1);
+}
+
+/// "123 bytes (123 B, measured)", or "more than the device's 456 bytes (456 B; out of memory)".
+std::string need_text(const Probe& p, int64_t capacity) {
+  const int64_t need = need_of(p, capacity);
+  if (p.out_of_memory && need == capacity + 1)
+    return "more than the device's " + std::to_string(capacity) + " bytes (" +
+           format_bytes(capacity) + "; out of memory)";
+  const char* how = p.estimated       ? "estimated, not run"
+                    : p.out_of_memory ? "estimated; out of memory when run"
+                                      : "measured";
+  return std::to_string(need) + " bytes (" + format_bytes(need) + ", " + how + ")";
+}
 
 /// peak(b) = fixed + b x per_sample through the two non-OOM probes with the smallest
 /// micro-batches (the regime the search is moving into); nullopt with fewer than two.
@@ -37,7 +57,7 @@ std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing,
                                      const TrainProbeFn& probe) {
   const int64_t usable = usable_bytes(req);
   std::vector<Probe> points;
-  if (!first.out_of_memory) points.push_back(first);
+  if (first.measured()) points.push_back(first);
   int64_t hi = first.micro_batch;  // smallest micro-batch known not to fit
   std::optional<Probe> best;       // largest micro-batch known to fit
   const std::vector<int64_t> divisors = divisors_descending(req.global_batch / req.world_size);
@@ -64,7 +84,7 @@ std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing,
     Probe p = probe(next, checkpointing);
     p.micro_batch = next;
     p.checkpointing = checkpointing;
-    if (!p.out_of_memory) points.push_back(p);
+    if (p.measured()) points.push_back(p);
     if (fits(p, usable)) {
       best = p;
     } else {
@@ -74,17 +94,16 @@ std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing,
   return best;
 }
 
-[[noreturn]] void nothing_fits(const PlanRequest& req, int64_t need) {
-  const std::string card = smallest_card_for(need, req.headroom);
-  throw ConfigError("the run does not fit: micro-batch 1" +
-                    std::string(req.can_checkpoint ? " with activation checkpointing" : "") +
-                    " needs " + std::to_string(need) + " bytes (" + format_bytes(need) +
-                    "), the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
-                    format_bytes(req.capacity_bytes) + ") of which " +
-                    std::to_string(usable_bytes(req)) + " usable with memory.headroom " +
-                    std::to_string(req.headroom) + "; " +
-                    (card.empty() ? "no common card is large enough: use a smaller model"
-                                  : "the smallest common card that fits: " + card));
+[[noreturn]] void nothing_fits(const PlanRequest& req, const Probe& smallest,
+                               const std::string& what) {
+  const std::string card = smallest_card_for(need_of(smallest, req.capacity_bytes), req.headroom);
+  throw ConfigError(
+      "the run does not fit: " + what + " needs " + need_text(smallest, req.capacity_bytes) +
+      ", the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
+      format_bytes(req.capacity_bytes) + ") of which " + std::to_string(usable_bytes(req)) +
+      " usable with memory.headroom " + std::to_string(req.headroom) + "; " +
+      (card.empty() ? "no common card is large enough: use a smaller model"
+                    : "the smallest common card that fits: " + card));
 }
 
 /// Refuses a plan whose checkpoint capture or resume loading does not fit: nothing the planner
@@ -93,15 +112,13 @@ void require_fits(const PlanRequest& req, const Probe& p, const std::string& par
                   const std::string& holds) {
   const int64_t usable = usable_bytes(req);
   if (fits(p, usable)) return;
-  const std::string need = p.out_of_memory ? "more than the device has"
-                                           : std::to_string(p.peak_bytes) + " bytes (" +
-                                                 format_bytes(p.peak_bytes) + ")";
-  const std::string card = p.out_of_memory ? "" : smallest_card_for(p.peak_bytes, req.headroom);
+  const std::string card =
+      p.out_of_memory ? "" : smallest_card_for(need_of(p, req.capacity_bytes), req.headroom);
   throw ConfigError(
-      "the run does not fit: " + part + " needs " + need + ", the device has " +
-      std::to_string(req.capacity_bytes) + " bytes (" + format_bytes(req.capacity_bytes) +
-      ") of which " + std::to_string(usable) + " usable with memory.headroom " +
-      std::to_string(req.headroom) + ". It holds " + holds +
+      "the run does not fit: " + part + " needs " + need_text(p, req.capacity_bytes) +
+      ", the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
+      format_bytes(req.capacity_bytes) + ") of which " + std::to_string(usable) +
+      " usable with memory.headroom " + std::to_string(req.headroom) + ". It holds " + holds +
       ", so a smaller micro-batch, gradient accumulation or activation checkpointing cannot "
       "make it smaller; use a device with more memory (or a larger --memory-limit)" +
       (card.empty() ? "" : ", e.g. " + card) +
@@ -254,16 +271,14 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
   if (fits(base, usable)) {
     adopt(base, "fits as configured");
   } else {
-    spdlog::warn("micro-batch {} needs {} ({}), more than the {} usable of {}", req.micro_batch,
-                 base.out_of_memory ? "more than the device has" : format_bytes(base.peak_bytes),
-                 base.out_of_memory ? "out of memory" : "measured", format_bytes(usable),
+    spdlog::warn("micro-batch {} needs {}, more than the {} usable of {}", req.micro_batch,
+                 need_text(base, req.capacity_bytes), format_bytes(usable),
                  format_bytes(req.capacity_bytes));
     if (req.strategy == "none")
       throw ConfigError("memory.strategy is none and micro-batch " +
                         std::to_string(req.micro_batch) + " does not fit in " +
                         format_bytes(usable) + "; set memory.strategy: auto");
     std::vector<std::pair<Probe, std::string>> options;
-    int64_t smallest_need = base.out_of_memory ? req.capacity_bytes + 1 : base.peak_bytes;
     auto consider = [&](const std::optional<Probe>& p, const std::string& why) {
       if (p) options.emplace_back(*p, why);
     };
@@ -273,7 +288,6 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
       Probe ckpt = train_probe(req.micro_batch, true);
       ckpt.micro_batch = req.micro_batch;
       ckpt.checkpointing = true;
-      if (!ckpt.out_of_memory) smallest_need = std::min(smallest_need, ckpt.peak_bytes);
       if (fits(ckpt, usable))
         consider(ckpt, "activation checkpointing");
       else
@@ -281,8 +295,12 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
                  "activation checkpointing and gradient accumulation");
     }
     if (options.empty()) {
-      Probe one = train_probe(1, req.can_checkpoint && req.strategy != "accumulate");
-      nothing_fits(req, one.out_of_memory ? smallest_need : one.peak_bytes);
+      const bool checkpointing = req.can_checkpoint && req.strategy != "accumulate";
+      Probe one = train_probe(1, checkpointing);
+      one.micro_batch = 1;
+      nothing_fits(
+          req, one,
+          std::string("micro-batch 1") + (checkpointing ? " with activation checkpointing" : ""));
     }
     auto best = std::min_element(options.begin(), options.end(), [](const auto& a, const auto& b) {
       return a.first.seconds_per_sample() < b.first.seconds_per_sample();
@@ -298,7 +316,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
       plan.measured.evaluation = e.peak_bytes;
       break;
     }
-    if (plan.eval_batch == 1) nothing_fits(req, e.peak_bytes);
+    if (plan.eval_batch == 1) nothing_fits(req, e, "evaluation of eval batch 1");
     plan.eval_batch = std::max<int64_t>(1, plan.eval_batch / 2);
   }
   if (plan.eval_batch != req.eval_batch)

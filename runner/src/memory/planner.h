@@ -26,6 +26,12 @@ struct Probe {
   int64_t peak_bytes = 0;      ///< peak bytes on the device during the steps, all counted
   double step_seconds = 0;     ///< seconds of one micro-batch step (mean after the first)
   bool out_of_memory = false;  ///< a step threw c10's out-of-memory error
+  /// Not run: peak_bytes is the analytic estimate, which exceeds the usable capacity by more
+  /// than its error (train/run_setup.h, exceeds_by_estimate). Such a probe never fits and gives
+  /// no point to the line through measured probes.
+  bool estimated = false;
+  int64_t estimated_bytes = 0;  ///< the estimate of a probe that ran; 0: not estimated
+  bool measured() const { return !out_of_memory && !estimated; }
   double seconds_per_sample() const { return micro_batch ? step_seconds / micro_batch : 0; }
 };
 

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <numeric>
 #include <sstream>
@@ -29,6 +30,7 @@
 #include "train/data_stage.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
+#include "util/signals.h"
 #include "util/units.h"
 
 namespace gpurun {
@@ -61,14 +63,14 @@ void build_model(const RunConfig& config, const Registry& registry, Session& s) 
 }  // namespace
 
 ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
-                             const DatasetSplits& data) {
+                             const DatasetSplits& data, c10::Device target, Precision precision) {
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
   if (pid == 0) {
     close(fds[0]);
-    std::string answer;
+    nlohmann::json answer;
     try {
       Session s;
       s.data = data;
@@ -77,43 +79,109 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
       int64_t weights = 0;
       for (const auto& entry : state_dict(*s.model))
         weights += static_cast<int64_t>(entry.second.nbytes());
-      answer = "ok " + std::to_string(weights) + " " + (s.model->activation_estimate() ? "1" : "0");
+      const bool describes = static_cast<bool>(s.model->activation_estimate());
+      // A model that does not describe its activations would be walked by running its layers,
+      // which needs real weights: its state alone here.
+      const auto one = [&](bool checkpointing) {
+        return describes ? estimate_peak(*s.model, config.optim, data.input_shape, 1, checkpointing,
+                                         target, precision)
+                         : estimate_state(*s.model, config.optim, precision);
+      };
+      answer = {{"weight_bytes", weights},
+                {"describes_activations", describes},
+                {"has_segments", !s.model->segments().empty()},
+                {"one_sample", one(false).to_json()},
+                {"one_sample_checkpointed", one(true).to_json()}};
     } catch (const c10::Error& e) {
-      answer = std::string("error ") + e.what_without_backtrace();
+      answer = {{"error", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
-      answer = std::string("error ") + e.what();
+      answer = {{"error", e.what()}};
     }
-    for (size_t done = 0; done < answer.size();) {
-      const ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
+    const std::string text = answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
       if (n <= 0) break;
       done += static_cast<size_t>(n);
     }
     _exit(0);
   }
   close(fds[1]);
-  std::string answer;
+  std::string text;
   char buffer[4096];
   for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) != 0;) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
-    answer.append(buffer, static_cast<size_t>(n));
+    text.append(buffer, static_cast<size_t>(n));
   }
   close(fds[0]);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   ModelShape shape;
-  if (answer.rfind("ok ", 0) == 0) {
-    std::istringstream in(answer.substr(3));
-    int describes = 0;
-    in >> shape.weight_bytes >> describes;
-    shape.describes_activations = describes != 0;
+  const nlohmann::json answer = nlohmann::json::parse(text, nullptr, false);
+  if (!answer.is_object()) {
+    shape.error = "the child building it ended without a word";
+  } else if (answer.contains("error")) {
+    shape.error = answer["error"].get<std::string>();
   } else {
-    shape.error = answer.rfind("error ", 0) == 0 ? answer.substr(6)
-                                                 : "the child building it ended without a word";
+    shape.weight_bytes = answer["weight_bytes"].get<int64_t>();
+    shape.describes_activations = answer["describes_activations"].get<bool>();
+    shape.has_segments = answer["has_segments"].get<bool>();
+    shape.one_sample = Estimate::from_json(answer["one_sample"]);
+    shape.one_sample_checkpointed = Estimate::from_json(answer["one_sample_checkpointed"]);
   }
   return shape;
 }
+
+namespace {
+/// Whether the smallest step a plan can choose is checkpointed.
+bool smallest_checkpoints(const RunConfig& config, const ModelShape& shape) {
+  return shape.has_segments &&
+         (config.memory.strategy == "auto" || config.memory.strategy == "checkpoint");
+}
+}  // namespace
+
+Estimate smallest_step(const RunConfig& config, const ModelShape& shape) {
+  return smallest_checkpoints(config, shape) ? shape.one_sample_checkpointed : shape.one_sample;
+}
+
+bool exceeds_by_estimate(const Estimate& e, int64_t usable_bytes) {
+  Estimate low = e;
+  low.activations = e.activations - e.activations / 10;
+  return low.total() > usable_bytes;
+}
+
+namespace {
+
+/// Throws RunDoesNotFit when the smallest step exceeds the usable capacity by the estimate.
+void require_fit_by_estimate(const RunConfig& config, const ModelShape& shape,
+                             int64_t capacity_bytes) {
+  PlanRequest request;
+  request.capacity_bytes = capacity_bytes;
+  request.headroom = config.memory.headroom;
+  const int64_t usable = usable_bytes(request);
+  const Estimate e = smallest_step(config, shape);
+  if (!exceeds_by_estimate(e, usable)) return;
+  const bool checkpointing = smallest_checkpoints(config, shape);
+  const std::string card = smallest_card_for(e.total(), config.memory.headroom);
+  throw RunDoesNotFit(
+      "the run does not fit this device by the estimate (nothing was built or run): "
+      "micro-batch 1" +
+      std::string(checkpointing ? " with activation checkpointing" : "") + " needs " +
+      std::to_string(e.total()) + " bytes (" + format_bytes(e.total()) +
+      (shape.describes_activations ? "" : " or more: the model's activations are not counted") +
+      "; parameters and buffers " + format_bytes(e.parameters) + ", gradients " +
+      format_bytes(e.gradients) + ", optimizer state " + format_bytes(e.optimizer_state) +
+      ", activations " + format_bytes(e.activations) + ", autocast's weight copies " +
+      format_bytes(e.weight_casts) + "), the device has " + std::to_string(capacity_bytes) +
+      " bytes (" + format_bytes(capacity_bytes) + ") of which " + std::to_string(usable) +
+      " usable with memory.headroom " + std::to_string(config.memory.headroom) + "; " +
+      (card.empty() ? "no common card is large enough"
+                    : "the smallest common card that fits: " + card) +
+      ". `gpurun plan` shows what each card needs");
+}
+
+}  // namespace
 
 Session open_estimate_session(const RunConfig& config, const std::string& device,
                               const Registry& registry, DatasetSplits data,
@@ -154,7 +222,7 @@ int64_t physical_memory_bytes() {
 }
 
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                     const Registry& registry, int local_rank) {
+                     const Registry& registry, int local_rank, const ModelShape* shape) {
   Session s;
   s.device = select_device(device, local_rank);
   if (local_rank == 0)
@@ -166,13 +234,24 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   DataConfig data = config.data;
   if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
+  s.precision = resolve_precision(config.train.precision, s.device);
+  const int64_t limit = memory_limit_bytes(config, memory_limit);
+  // Before a weight is built: a run whose smallest step exceeds the device by the estimate is
+  // refused here, so that no probe can take the machine's memory. A TorchScript module is
+  // loaded with its weights, and a factory that fails without them is planned as before.
+  if (config.model.torchscript.empty()) {
+    const ModelShape learned =
+        shape ? *shape
+              : probe_model_shape(config, registry, s.data, s.device, s.precision.precision);
+    if (learned.error.empty())
+      require_fit_by_estimate(config, learned, make_meter(s.device, limit)->capacity_bytes());
+  }
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   build_model(config, registry, s);
-  s.precision = resolve_precision(config.train.precision, s.device);
   s.model->to(s.device);
   // The weights are copied again under the meter, so that they count as device memory, and a
   // model whose weights alone exceed the capacity is refused with what it needs.
-  s.meter = make_meter(s.device, memory_limit_bytes(config, memory_limit));
+  s.meter = make_meter(s.device, limit);
   auto tensors = state_dict(*s.model);
   const int64_t weights = static_cast<int64_t>(
       std::accumulate(tensors.begin(), tensors.end(), size_t{0},
@@ -211,9 +290,14 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
   return r;
 }
 
+Estimate estimate_at(const RunConfig& config, Session& session, int64_t micro_batch,
+                     bool checkpointing) {
+  return estimate_peak(*session.model, config.optim, session.data.input_shape, micro_batch,
+                       checkpointing, session.device, session.precision.precision);
+}
+
 Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan) {
-  return estimate_peak(*session.model, config.optim, session.data.input_shape, plan.micro_batch,
-                       plan.activation_checkpointing, session.device, session.precision.precision);
+  return estimate_at(config, session, plan.micro_batch, plan.activation_checkpointing);
 }
 
 namespace {
@@ -255,8 +339,44 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
     Prober prober(*session.model, session.data, config.optim, *session.meter,
                   config.memory.probe_steps, session.device, session.loss,
                   session.precision.precision);
+    const Estimate one_sample[2] = {estimate_at(config, session, 1, false),
+                                    estimate_at(config, session, 1, true)};
+    const int64_t usable = usable_bytes(request);
+    const auto train_probe = [&](int64_t m, bool c) {
+      // A stop signal ends the planning between probes (every rank at the same probe): before
+      // the first step there is nothing to save, and a checkpoint being resumed stays as it is.
+      const int sig = stop_signal();
+      if (agree.any ? agree.any(sig != 0) : sig != 0) throw Stopped(sig ? sig : SIGTERM);
+      // A step holds at most the training set, as the probe does (a batch beyond it is one
+      // step of the whole set an epoch).
+      const Estimate e =
+          one_sample[c ? 1 : 0].at_micro_batch(std::min(m, session.data.train->size()));
+      const std::string what =
+          "micro-batch " + std::to_string(m) + (c ? " with activation checkpointing" : "");
+      if (exceeds_by_estimate(e, usable)) {
+        // Identical on every rank: no collective is skipped by one rank alone.
+        spdlog::info("{}: not probed, its estimate {} exceeds the {} usable", what,
+                     format_bytes(e.total()), format_bytes(usable));
+        Probe p;
+        p.micro_batch = m;
+        p.checkpointing = c;
+        p.peak_bytes = e.total();
+        p.estimated = true;
+        return p;
+      }
+      spdlog::info("probing {} ({} steps, estimated {})", what, config.memory.probe_steps,
+                   format_bytes(e.total()));
+      Probe p = agreed(prober.train(m, c));
+      p.estimated_bytes = e.total();
+      if (p.out_of_memory)
+        spdlog::info("{}: out of memory", what);
+      else
+        spdlog::info("{}: peak {}, {:.3f} s per micro-batch", what, format_bytes(p.peak_bytes),
+                     p.step_seconds);
+      return p;
+    };
     plan = choose_plan(
-        request, [&](int64_t m, bool c) { return agreed(prober.train(m, c)); },
+        request, train_probe,
         [&](int64_t b, const MemoryPlan& p) { return agreed(prober.eval(b, p)); },
         [&](const MemoryPlan& p) {
           CheckpointProbes c = prober.checkpoint(p);

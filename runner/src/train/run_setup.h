@@ -57,30 +57,58 @@ struct PlanAgreement {
 /// flag and step time (each rank's worst); null `comm`: one process, no agreement.
 PlanAgreement plan_agreement(Collectives* comm);
 
-/// Sets the thread count and seed, stages the data files (data.stage_dir), loads the data (not
-/// metered: host-resident data sets are not device memory), installs the meter, builds the model on
-/// the device with its LoRA adapters (model.lora) and frozen parameters (model.freeze), resolves
-/// train.precision, looks up the loss. Throws ConfigError for a bad device, dataset, model, loss,
-/// LoRA target or freeze pattern. model.init_from is not read here: only a fresh run loads it
-/// (the trainer, after choosing no checkpoint; init_weights.h).
-Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                     const Registry& registry, int local_rank = 0);
-
-/// open_session()'s ConfigError when the model's weights alone exceed the device.
-struct WeightsDoNotFit : ConfigError {
-  using ConfigError::ConfigError;
-};
-
 /// What building a model WithoutWeights (model/without_weights.h) tells, learned in a child
 /// process: in LibTorch 2.11 the meta backend's dispatch, once used, stays in the process (a
 /// relu after the scope still dispatches to meta), so nothing may run after it there.
 struct ModelShape {
   int64_t weight_bytes = 0;            ///< parameters and buffers
   bool describes_activations = false;  ///< SegmentedModel::activation_estimate() is set
-  std::string error;                   ///< the factory failed without weights; "" otherwise
+  bool has_segments = false;           ///< activation checkpointing can apply
+  /// The estimate (memory/peak_probe.h) of a step of micro-batch 1 on the target device under
+  /// the run's precision, without and with activation checkpointing. Its activations are known
+  /// only when describes_activations (other models' layers are walked with real weights);
+  /// otherwise they are 0 and the estimate is the state alone, a lower bound.
+  Estimate one_sample, one_sample_checkpointed;
+  std::string error;  ///< the factory failed without weights; "" otherwise
 };
+/// Builds `config`'s model WithoutWeights in a child process and estimates it for `target` and
+/// `precision` (the run's device and resolved train.precision). Never throws for the model: a
+/// factory that fails without weights is reported in `error`; throws std::runtime_error when no
+/// child can be forked.
 ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
-                             const DatasetSplits& data);
+                             const DatasetSplits& data, c10::Device target, Precision precision);
+
+/// The smallest step a plan can choose, by the estimate: micro-batch 1, with activation
+/// checkpointing when the model has segments and memory.strategy allows it.
+Estimate smallest_step(const RunConfig& config, const ModelShape& shape);
+
+/// True when `e` needs more than `usable_bytes` even with its activations 10% lower: the
+/// estimate's activations are within a few percent of the measured ones on the built-in models
+/// (scripts/bench/estimate.sh), so a step refused or left unprobed by it would not have fit.
+bool exceeds_by_estimate(const Estimate& e, int64_t usable_bytes);
+
+/// open_session()'s ConfigError when the run cannot fit the device: the model's weights alone
+/// exceed it (WeightsDoNotFit, found by copying them under the meter), or, before any weight is
+/// built, the smallest step by the estimate does (RunDoesNotFit).
+struct WeightsDoNotFit : ConfigError {
+  using ConfigError::ConfigError;
+};
+struct RunDoesNotFit : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+/// Sets the thread count and seed, stages the data files (data.stage_dir), loads the data (not
+/// metered: host-resident data sets are not device memory), estimates the model built without its
+/// weights (`shape` when the caller has it, else probe_model_shape()) and refuses a run whose
+/// smallest step exceeds the capacity by the estimate (RunDoesNotFit: nothing is built or run, so
+/// no probe can exhaust the machine), installs the meter, builds the model on the device with its
+/// LoRA adapters (model.lora) and frozen parameters (model.freeze), resolves train.precision,
+/// looks up the loss. Throws ConfigError for a bad device, dataset, model, loss, LoRA target or
+/// freeze pattern. model.init_from is not read here: only a fresh run loads it (the trainer,
+/// after choosing no checkpoint; init_weights.h).
+Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
+                     const Registry& registry, int local_rank = 0,
+                     const ModelShape* shape = nullptr);
 
 /// This machine's memory in bytes.
 int64_t physical_memory_bytes();
@@ -104,6 +132,9 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
 
 /// Probes and chooses the plan (memory/planner.h: training steps, evaluation, checkpoint
 /// capture and resume loading, the largest being measured_peak_bytes), fills in the analytic
+/// estimate. A training step whose estimate exceeds the usable capacity (exceeds_by_estimate)
+/// is not run: the planner gets it as an estimated probe, which never fits. Each probe is logged
+/// as it starts and ends (the probes of a large model take minutes). Fills in the analytic
 /// estimate, and turns
 /// activation checkpointing on in the model when the plan says so. When `saved` (the plan of
 /// the checkpoint being resumed) was made for the same capacity and global batch it is reused
@@ -112,6 +143,10 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
 /// each probe counts as the worst rank's.
 MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
                      const std::optional<MemoryPlan>& saved, const PlanAgreement& agree = {});
+
+/// The analytic estimate of a training step of `micro_batch` samples on this session's model.
+Estimate estimate_at(const RunConfig& config, Session& session, int64_t micro_batch,
+                     bool checkpointing);
 
 /// The analytic estimate for `plan` on this session's model.
 Estimate estimate_for(const RunConfig& config, Session& session, const MemoryPlan& plan);

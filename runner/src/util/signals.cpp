@@ -21,6 +21,19 @@ std::atomic<int> g_interrupts{0};
 std::atomic<int> g_wake_fd{-1};
 std::mutex g_action_mutex;
 std::function<void(int)> g_action;  ///< guarded by g_action_mutex
+/// exit_at_first_signal()'s command name; null: stop at the next step boundary (a run).
+std::atomic<const char*> g_exit_at_once{nullptr};
+
+/// Only async-signal-safe calls: write(2) and _exit(2).
+[[noreturn]] void exit_for(int sig, const char* command) {
+  const char* parts[] = {"\ngpurun ", command, ": stopped by ",
+                         sig == SIGINT ? "SIGINT" : "a signal", "; nothing was written\n"};
+  for (const char* part : parts) {
+    ssize_t ignored = write(STDERR_FILENO, part, std::strlen(part));
+    (void)ignored;
+  }
+  _exit(sig == SIGINT ? 130 : kExitSignal);
+}
 
 void exit_now() {
   static const char msg[] = "\ngpurun: second interrupt, stopping now; run again with --resume\n";
@@ -30,6 +43,7 @@ void exit_now() {
 }
 
 void on_signal(int sig) {
+  if (const char* command = g_exit_at_once.load()) exit_for(sig, command);
   if (sig == SIGINT) {
     const int earlier = g_interrupts.fetch_add(1);
     const int wake = g_wake_fd.load();
@@ -78,6 +92,11 @@ void install_signal_handlers() {
   for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP}) sigaction(sig, &sa, nullptr);
   // A closed pipe on stdout/stderr (`gpurun ... | head`) must not kill a run mid-save.
   signal(SIGPIPE, SIG_IGN);
+}
+
+void exit_at_first_signal(const char* command) {
+  g_exit_at_once.store(command);
+  if (const int sig = g_signal.load()) exit_for(sig, command);
 }
 
 int stop_signal() noexcept { return g_signal.load(); }

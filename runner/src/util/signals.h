@@ -34,6 +34,13 @@ void request_stop(int signal_number) noexcept;
 /// the thread or its pipe cannot be created.
 void set_immediate_stop_action(std::function<void(int signal_number)> action);
 
+/// For commands that hold nothing to save (`gpurun plan`, `ckpt`, `status`): from now on the
+/// first stop signal ends the process at once, printing "gpurun `command`: stopped by SIGINT;
+/// nothing was written" and exiting 130 for SIGINT (the shell's convention for Ctrl-C) or 75
+/// (kExitSignal) for the others. A signal that arrived before this call ends it the same way,
+/// here. Children forked later inherit the handler.
+void exit_at_first_signal(const char* command);
+
 /// "SIGTERM" for a signal glibc has an abbreviation for (sigabbrev_np), else "signal 35"
 /// (real-time signals, 0, numbers out of range).
 std::string signal_name(int signal_number);

@@ -131,6 +131,71 @@ TEST(Planner, NothingFitsNamesNeedCapacityAndACard) {
   }
 }
 
+// Issue 31, item 1: a probe the estimate rules out is handed to the planner unrun. It never
+// fits and never becomes a point of the line through measured probes, so the search goes on to
+// measured sizes; only those are adopted.
+TEST(Planner, AnEstimatedProbeIsNeverAdoptedNorAPointOfTheLine) {
+  Device d;
+  const PlanRequest r = request(1700, "accumulate");
+  std::vector<int64_t> estimated;
+  MemoryPlan p = choose_plan(
+      r,
+      [&](int64_t m, bool c) {
+        if (m > 8) {  // "the estimate exceeds the capacity": a wild number, not measured
+          estimated.push_back(m);
+          Probe e;
+          e.micro_batch = m;
+          e.checkpointing = c;
+          e.peak_bytes = 1'000'000'000;
+          e.estimated = true;
+          return e;
+        }
+        return d.train(m, c);
+      },
+      [&](int64_t b, const MemoryPlan&) { return d.eval(b); },
+      [&](const MemoryPlan&) { return d.checkpoint(); });
+  EXPECT_FALSE(estimated.empty());
+  // 1000 + 100 b <= 1700: 4 is the largest divisor of 64 that fits; the wild estimates did not
+  // bend the line that proposed it.
+  EXPECT_EQ(p.micro_batch, 4);
+  EXPECT_EQ(p.measured.training, 1400);
+  for (const auto& [m, c] : d.probed) EXPECT_LE(m, 8);
+}
+
+// A step that ran out of memory tells only that it needs more than the capacity: the message
+// says so, and never "capacity + 1 bytes".
+TEST(Planner, AnOutOfMemoryNeedIsMoreThanTheCapacityOrItsEstimate) {
+  const PlanRequest r = request(int64_t{24} << 30, "accumulate");
+  for (const int64_t estimate : {int64_t{0}, int64_t{40} << 30}) {
+    try {
+      choose_plan(
+          r,
+          [&](int64_t m, bool c) {
+            Probe p;
+            p.micro_batch = m;
+            p.checkpointing = c;
+            p.out_of_memory = true;
+            p.estimated_bytes = estimate;
+            return p;
+          },
+          [&](int64_t, const MemoryPlan&) { return Probe(); },
+          [&](const MemoryPlan&) { return CheckpointProbes(); });
+      FAIL() << "expected ConfigError";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find(std::to_string((int64_t{24} << 30) + 1)), std::string::npos) << m;
+      if (estimate == 0) {
+        EXPECT_NE(m.find("needs more than the device's " + std::to_string(int64_t{24} << 30)),
+                  std::string::npos)
+            << m;
+      } else {
+        EXPECT_NE(m.find("needs " + std::to_string(estimate) + " bytes"), std::string::npos) << m;
+        EXPECT_NE(m.find("48 GB"), std::string::npos) << m;
+      }
+    }
+  }
+}
+
 TEST(Planner, StrategyNoneRefusesWhatDoesNotFit) {
   Device d;
   EXPECT_THROW(plan_for(d, request(2000, "none")), ConfigError);
