@@ -16,11 +16,13 @@ namespace gpurun {
 int64_t parse_size(const std::string& text) {
   const auto invalid = [&] {
     return ConfigError("invalid size \"" + text +
-                       "\"; use a byte count or a unit: B, KiB, MiB, GiB, KB, MB, GB");
+                       "\"; use a byte count or a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB "
+                       "(in any case: 8gib is 8GiB, 8gb is 8GB)");
   };
+  // Upper case: the unit is matched case-insensitively (a size is never in bits here).
   static const std::map<std::string, double> kUnits = {
-      {"", 1},         {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
-      {"TiB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
+      {"", 1},         {"B", 1},    {"KIB", 0x1p10}, {"MIB", 0x1p20}, {"GIB", 0x1p30},
+      {"TIB", 0x1p40}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
   const size_t begin = text.find_first_not_of(' ');
   if (begin == std::string::npos) throw invalid();
   size_t end = begin;
@@ -31,8 +33,9 @@ int64_t parse_size(const std::string& text) {
   const std::string number = text.substr(begin, end - begin);
   const size_t unit_begin = std::min(text.find_first_not_of(' ', end), text.size());
   const size_t unit_end = text.find_last_not_of(' ') + 1;
-  const auto unit =
-      kUnits.find(text.substr(unit_begin, std::max(unit_end, unit_begin) - unit_begin));
+  std::string unit_text = text.substr(unit_begin, std::max(unit_end, unit_begin) - unit_begin);
+  for (char& c : unit_text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const auto unit = kUnits.find(unit_text);
   const bool fractional = number.find('.') != std::string::npos;
   if (number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1 ||
       unit == kUnits.end() || (fractional && unit->second == 1)) {

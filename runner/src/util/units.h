@@ -8,7 +8,8 @@
 namespace gpurun {
 
 /// Parses a SIZE: a byte count ("1000000") or a number with a unit, binary (B, KiB, MiB, GiB,
-/// TiB) or decimal (KB, MB, GB, TB), e.g. "512MiB", "1.5GiB", "2GB". Returns bytes.
+/// TiB) or decimal (KB, MB, GB, TB), in any case, e.g. "512MiB", "1.5GiB", "2GB", "8gib".
+/// Returns bytes.
 /// Throws ConfigError for anything else, naming the text and the accepted units.
 int64_t parse_size(const std::string& text);
 

@@ -26,17 +26,24 @@ TEST(ParseSize, Table) {
       {"2TiB", 2LL << 40},
       {"1TB", 1000000000000},
       {"9223372036854775807", INT64_MAX},
+      // Issue 31, item 8: lower-case units were refused; a size is never in bits here.
+      {"8gib", 8LL << 30},
+      {"8gb", 8000000000},
+      {"512mib", 512LL << 20},
+      {"1Gib", 1LL << 30},
+      {"16 kb", 16000},
   };
   for (const auto& [text, bytes] : cases) EXPECT_EQ(parse_size(text), bytes) << text;
   for (const char* bad :
-       {"", "12XB", "-5MiB", "1.5", "MiB", "1..5GiB", "1gib", "1e9", "12 B x", "99999999999TB"}) {
+       {"", "12XB", "-5MiB", "1.5", "MiB", "1..5GiB", "1gibi", "1e9", "12 B x", "99999999999TB"}) {
     EXPECT_THROW(parse_size(bad), ConfigError) << bad;
   }
   try {
     parse_size("12XB");
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "invalid size \"12XB\"; use a byte count or a unit: B, KiB, MiB, GiB, KB, MB, GB");
+              "invalid size \"12XB\"; use a byte count or a unit: B, KiB, MiB, GiB, TiB, KB, MB, "
+              "GB, TB (in any case: 8gib is 8GiB, 8gb is 8GB)");
   }
 }
 
