@@ -103,6 +103,33 @@ std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
   return without_launcher_options(args);
 }
 
+/// cxxopts names the value it could not convert but not the option ("Argument 'abc' failed to
+/// parse"): "--deadline abc: expected a number" names both, found in argv (`--opt VALUE` or
+/// `--opt=VALUE`) with the option's type from the table.
+std::string bad_value_message(const std::string& what, int argc, const char* const argv[]) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const std::string value =
+        eq != std::string::npos ? a.substr(eq + 1) : (i + 1 < argc ? argv[i + 1] : "");
+    // cxxopts quotes the value with typographic quotes (or ASCII ones, by its build options).
+    if (value.empty() || (what.find("\u2018" + value + "\u2019") == std::string::npos &&
+                          what.find("'" + value + "'") == std::string::npos))
+      continue;
+    for (const OptionSpec& o : option_table()) {
+      if (o.name != name ||
+          (o.type != OptionSpec::Type::kInt && o.type != OptionSpec::Type::kDouble))
+        continue;
+      const bool whole = o.type == OptionSpec::Type::kInt;
+      return "--" + name + " " + value + ": expected " + (whole ? "a whole number" : "a number") +
+             (*o.value_name ? std::string(" (") + o.value_name + ")" : "");
+    }
+  }
+  return what;
+}
+
 }  // namespace
 
 Command parse_command_line(int argc, const char* const argv[]) {
@@ -112,6 +139,8 @@ Command parse_command_line(int argc, const char* const argv[]) {
   cxxopts::ParseResult r;
   try {
     r = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+    usage_error(bad_value_message(e.what(), argc, argv));
   } catch (const cxxopts::exceptions::exception& e) {
     usage_error(e.what());
   }

@@ -134,6 +134,15 @@ TEST(CommandLine, MistakesAreConfigErrorsThatSayWhatIsWrong) {
             std::string::npos);
   for (const std::string& e : {error_of({"r.yaml"}), error_of({"ckpt", "x", "d"})})
     EXPECT_NE(e.find("gpurun --help"), std::string::npos) << e;
+  // Issue 31, item 8: cxxopts named the value but not the option.
+  EXPECT_NE(error_of({"plan", "r.yaml", "--deadline", "abc"})
+                .find("--deadline abc: expected a number (HOURS)"),
+            std::string::npos)
+      << error_of({"plan", "r.yaml", "--deadline", "abc"});
+  EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--max-restarts=two"})
+                .find("--max-restarts two: expected a whole number (N)"),
+            std::string::npos)
+      << error_of({"r.yaml", "--ckpt", "d", "--max-restarts=two"});
 }
 
 TEST(StatusCommand, ACheckpointDirectoryWithoutStatusPointsAtTheRunDir) {
