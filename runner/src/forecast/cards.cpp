@@ -66,8 +66,13 @@ std::vector<Card> parse_cards(const std::string& yaml_text, const std::string& o
     const YAML::Node n = list[i];
     std::string where = origin + ": card " + std::to_string(i + 1);
     if (!n.IsMap()) throw ConfigError(where + ": expected {name: ..., memory: ..., ...}");
+    std::set<std::string> keys;
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
+      // yaml-cpp keeps the first of two equal keys and drops the other without a word.
+      if (!keys.insert(key).second)
+        throw ConfigError(where + ": key " + key + " is given twice (line " +
+                          std::to_string(kv.first.Mark().line + 1) + ")");
       if (std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end()) continue;
       const std::string guess = detail::nearest_of(key, kKeys);
       throw ConfigError(where + ": unknown key " + key +
@@ -110,6 +115,15 @@ std::vector<Card> load_cards(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return parse_cards(text.str(), path);
+}
+
+std::string smallest_card_for(const std::vector<Card>& cards, int64_t need_bytes, double headroom) {
+  const Card* best = nullptr;
+  for (const Card& c : cards)
+    if (static_cast<double>(c.memory_bytes) * (1.0 - headroom) >= static_cast<double>(need_bytes) &&
+        (!best || c.memory_bytes < best->memory_bytes))
+      best = &c;
+  return best ? best->name + " (" + format_bytes(best->memory_bytes) + ")" : "";
 }
 
 const std::vector<Card>& bundled_cards() {

@@ -33,4 +33,9 @@ std::vector<Card> load_cards(const std::string& path);
 /// The bundled table (examples/cards.yaml).
 const std::vector<Card>& bundled_cards();
 
+/// The card of `cards` with the least memory whose memory less `headroom` (a fraction of it, as
+/// memory.headroom) holds `need_bytes`, as its name and memory, e.g. "A100 40GB (37.25 GiB)";
+/// the first of equal ones in the table; "" when none does.
+std::string smallest_card_for(const std::vector<Card>& cards, int64_t need_bytes, double headroom);
+
 }  // namespace gpurun

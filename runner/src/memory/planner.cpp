@@ -22,6 +22,11 @@ int64_t need_of(const Probe& p, int64_t capacity) {
   return std::max(p.estimated_bytes, capacity + 1);
 }
 
+/// The smallest card that holds `need` bytes, or "" (none, or no table).
+std::string card_for(const PlanRequest& req, int64_t need) {
+  return req.card_for ? req.card_for(need) : "";
+}
+
 /// "123 bytes (123 B, measured)", or "more than the device's 456 bytes (456 B; out of memory)".
 std::string need_text(const Probe& p, int64_t capacity) {
   const int64_t need = need_of(p, capacity);
@@ -96,14 +101,14 @@ std::optional<Probe> fit_micro_batch(const PlanRequest& req, bool checkpointing,
 
 [[noreturn]] void nothing_fits(const PlanRequest& req, const Probe& smallest,
                                const std::string& what) {
-  const std::string card = smallest_card_for(need_of(smallest, req.capacity_bytes), req.headroom);
+  const std::string card = card_for(req, need_of(smallest, req.capacity_bytes));
   throw ConfigError(
       "the run does not fit: " + what + " needs " + need_text(smallest, req.capacity_bytes) +
       ", the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
       format_bytes(req.capacity_bytes) + ") of which " + std::to_string(usable_bytes(req)) +
       " usable with memory.headroom " + std::to_string(req.headroom) + "; " +
-      (card.empty() ? "no common card is large enough: use a smaller model"
-                    : "the smallest common card that fits: " + card));
+      (card.empty() ? "no card of the table is large enough: use a smaller model"
+                    : "the smallest card that fits: " + card));
 }
 
 /// Refuses a plan whose checkpoint capture or resume loading does not fit: nothing the planner
@@ -112,8 +117,7 @@ void require_fits(const PlanRequest& req, const Probe& p, const std::string& par
                   const std::string& holds) {
   const int64_t usable = usable_bytes(req);
   if (fits(p, usable)) return;
-  const std::string card =
-      p.out_of_memory ? "" : smallest_card_for(need_of(p, req.capacity_bytes), req.headroom);
+  const std::string card = p.out_of_memory ? "" : card_for(req, need_of(p, req.capacity_bytes));
   throw ConfigError(
       "the run does not fit: " + part + " needs " + need_text(p, req.capacity_bytes) +
       ", the device has " + std::to_string(req.capacity_bytes) + " bytes (" +
@@ -366,24 +370,6 @@ MemoryPlan halve_micro_batch(const MemoryPlan& plan) {
                     " with a capacity of " + std::to_string(plan.capacity_bytes) + " bytes (" +
                     format_bytes(plan.capacity_bytes) + "): there is no smaller micro-batch; " +
                     "run `gpurun plan` to see which card fits");
-}
-
-const std::vector<std::pair<std::string, int64_t>>& common_cards() {
-  static const std::vector<std::pair<std::string, int64_t>> cards{
-      {"16 GB (V100 16GB, T4)", int64_t{16} << 30},
-      {"24 GB (RTX 4090, L4, A10)", int64_t{24} << 30},
-      {"48 GB (L40S, RTX 6000 Ada, A40)", int64_t{48} << 30},
-      {"80 GB (A100 80GB, H100)", int64_t{80} << 30},
-      {"141 GB (H200)", int64_t{139} << 30},
-  };
-  return cards;
-}
-
-std::string smallest_card_for(int64_t need_bytes, double headroom) {
-  for (const auto& [name, bytes] : common_cards())
-    if (static_cast<double>(bytes) * (1.0 - headroom) >= static_cast<double>(need_bytes))
-      return name;
-  return "";
 }
 
 }  // namespace gpurun

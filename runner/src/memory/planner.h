@@ -102,6 +102,10 @@ struct PlanRequest {
   double headroom = 0.1;          ///< fraction of capacity kept free
   std::string strategy = "auto";  ///< auto | accumulate | checkpoint | none
   bool can_checkpoint = true;     ///< the model has segments to checkpoint
+  /// The smallest rental card that holds `need_bytes` with the headroom, for the messages of a
+  /// run that does not fit (forecast/cards.h, smallest_card_for over the bundled table); ""
+  /// or unset: none is named.
+  std::function<std::string(int64_t need_bytes)> card_for;
 };
 
 using TrainProbeFn = std::function<Probe(int64_t micro_batch, bool checkpointing)>;
@@ -140,7 +144,7 @@ std::vector<int64_t> divisors_descending(int64_t n);
 /// says so in the log.
 /// measured_peak_bytes is the largest of the four parts, which `measured` holds.
 /// Throws ConfigError when nothing fits, even micro-batch 1 with checkpointing, naming the
-/// need and the capacity in bytes and the smallest common card that would fit; and when
+/// need and the capacity in bytes and the smallest card that would fit (request.card_for); and when
 /// checkpoint capture or resume loading does not fit, saying that the micro-batch cannot help
 /// and what can.
 MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_probe,
@@ -152,12 +156,5 @@ MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_pro
 /// no longer kept between saves (measured.checkpoint_buffers 0: they may be what ran out). Throws
 /// the ConfigError of choose_plan when micro is already 1.
 MemoryPlan halve_micro_batch(const MemoryPlan& plan);
-
-/// Common rental GPU sizes in bytes (24, 48, 80 and 141 GB cards and smaller ones).
-const std::vector<std::pair<std::string, int64_t>>& common_cards();
-
-/// "NVIDIA 24 GB (e.g. RTX 4090, L4, A10)" style name of the smallest common card with
-/// usable memory >= need, or "" when none is large enough.
-std::string smallest_card_for(int64_t need_bytes, double headroom);
 
 }  // namespace gpurun

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "distributed/collectives.h"
+#include "forecast/cards.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
@@ -153,6 +154,14 @@ bool exceeds_by_estimate(const Estimate& e, int64_t usable_bytes) {
 
 namespace {
 
+/// "the smallest card that fits: A100 40GB (37.25 GiB)" for `need` bytes with memory.headroom,
+/// from the bundled table (examples/cards.yaml), or that none of it does.
+std::string card_advice(const RunConfig& config, int64_t need) {
+  const std::string card = smallest_card_for(bundled_cards(), need, config.memory.headroom);
+  return card.empty() ? "no card of the bundled table (examples/cards.yaml) is large enough"
+                      : "the smallest card that fits: " + card;
+}
+
 /// Throws RunDoesNotFit when the smallest step exceeds the usable capacity by the estimate.
 void require_fit_by_estimate(const RunConfig& config, const ModelShape& shape,
                              int64_t capacity_bytes) {
@@ -163,7 +172,6 @@ void require_fit_by_estimate(const RunConfig& config, const ModelShape& shape,
   const Estimate e = smallest_step(config, shape);
   if (!exceeds_by_estimate(e, usable)) return;
   const bool checkpointing = smallest_checkpoints(config, shape);
-  const std::string card = smallest_card_for(e.total(), config.memory.headroom);
   throw RunDoesNotFit(
       "the run does not fit this device by the estimate (nothing was built or run): "
       "micro-batch 1" +
@@ -176,9 +184,7 @@ void require_fit_by_estimate(const RunConfig& config, const ModelShape& shape,
       format_bytes(e.weight_casts) + "), the device has " + std::to_string(capacity_bytes) +
       " bytes (" + format_bytes(capacity_bytes) + ") of which " + std::to_string(usable) +
       " usable with memory.headroom " + std::to_string(config.memory.headroom) + "; " +
-      (card.empty() ? "no common card is large enough"
-                    : "the smallest common card that fits: " + card) +
-      ". `gpurun plan` shows what each card needs");
+      card_advice(config, e.total()) + ". `gpurun plan` shows what each card needs");
 }
 
 }  // namespace
@@ -262,7 +268,6 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   } catch (const c10::OutOfMemoryError&) {
     const int64_t need =
         weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
-    const std::string card = smallest_card_for(need, config.memory.headroom);
     throw WeightsDoNotFit("the model does not fit: its weights alone are " +
                           std::to_string(weights) + " bytes (" + format_bytes(weights) +
                           "); with gradients and optimizer "
@@ -270,8 +275,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                           std::to_string(need) + " bytes, the device has " +
                           std::to_string(s.meter->capacity_bytes()) + " bytes (" +
                           format_bytes(s.meter->capacity_bytes()) + "); " +
-                          (card.empty() ? "no common card is large enough"
-                                        : "the smallest common card that fits: " + card));
+                          card_advice(config, need));
   }
   warn_about_suspicious_settings(config, s, memory_limit);
   return s;
@@ -287,6 +291,9 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
   r.headroom = config.memory.headroom;
   r.strategy = config.memory.strategy;
   r.can_checkpoint = !session.model->segments().empty();
+  r.card_for = [headroom = config.memory.headroom](int64_t need) {
+    return smallest_card_for(bundled_cards(), need, headroom);
+  };
   return r;
 }
 

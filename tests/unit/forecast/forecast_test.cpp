@@ -114,6 +114,26 @@ TEST(Cards, TheBundledTableParsesAndAUsersFileIsChecked) {
                 .find("twice"),
             std::string::npos);
   EXPECT_NE(error("gpus: []\n").find("cards"), std::string::npos);
+  // Issue 31, item 8: yaml-cpp kept the first of two equal keys without a word.
+  EXPECT_NE(error("cards:\n  - {name: a, memory: 24GB, memory: 48GB, bf16_tflops: 1}\n")
+                .find("t.yaml: card 1: key memory is given twice (line 2)"),
+            std::string::npos)
+      << error("cards:\n  - {name: a, memory: 24GB, memory: 48GB, bf16_tflops: 1}\n");
+}
+
+// One card table: the planner's messages name the smallest card of the same table the
+// forecast uses (it had a second, hard-coded one).
+TEST(Cards, TheSmallestCardThatHoldsANeedWithTheHeadroom) {
+  const auto cards = parse_cards(
+      "cards:\n  - {name: big, memory: 80GiB, bf16_tflops: 1}\n"
+      "  - {name: small, memory: 24GiB, bf16_tflops: 1}\n"
+      "  - {name: small-too, memory: 24GiB, bf16_tflops: 2}\n",
+      "t.yaml");
+  EXPECT_EQ(smallest_card_for(cards, 20 * kGiB, 0.1), "small (24.00 GiB)");
+  EXPECT_EQ(smallest_card_for(cards, 22 * kGiB, 0.1), "big (80.00 GiB)");  // 21.6 usable
+  EXPECT_EQ(smallest_card_for(cards, 22 * kGiB, 0.0), "small (24.00 GiB)");
+  EXPECT_EQ(smallest_card_for(cards, 500 * kGiB, 0.1), "");
+  EXPECT_EQ(smallest_card_for(bundled_cards(), 20 * kGiB, 0.1), "NVIDIA L4 (22.35 GiB)");
 }
 
 }  // namespace
