@@ -14,6 +14,8 @@
 #include <map>
 #include <memory>
 
+#include <spdlog/spdlog.h>
+
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "model/autocast_scope.h"
@@ -124,7 +126,7 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
         "model.lora needs a model built of segments (a built-in model or a plugin's); a "
         "TorchScript module's layers cannot be adapted");
   const double scale = lora.alpha / static_cast<double>(lora.rank);
-  std::vector<std::string> adapted, linears;
+  std::vector<std::string> adapted, linears, full_rank;
   std::vector<std::vector<std::shared_ptr<Adapter>>> per_segment(model.segments().size());
   for (size_t i = 0; i < model.segments().size(); ++i) {
     for (const auto& item : model.segments()[i]->named_modules(model.segment_names()[i])) {
@@ -133,6 +135,9 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
       linears.push_back(item.key());
       if (!any_matches(lora.targets, item.key())) continue;
       const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+      if (lora.rank >= std::min(in, out))
+        full_rank.push_back(item.key() + " (" + std::to_string(out) + " x " + std::to_string(in) +
+                            ")");
       const auto options = linear->weight.options();
       at::Tensor a = at::empty({lora.rank, in}, options);
       {
@@ -155,6 +160,14 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
     throw ConfigError("model.lora.targets: the pattern \"" + *pattern +
                       "\" matches no Linear layer of the model; its Linear layers are " +
                       some_of(linears, 48) + " (`*` also matches dots)");
+  // B A of rank >= min(in, out) can be any update of the layer: the adapters then cost as much
+  // as the full weight's gradient and optimizer state, or more (Hu et al. 2021 use rank << d).
+  if (!full_rank.empty())
+    spdlog::warn(
+        "model.lora.rank {} is not below min(in, out) of {} of the {} adapted Linear layers "
+        "({}): their adapters train as many parameters as the layer's own weight or more, so "
+        "LoRA saves nothing there; use a rank well below the layers' width",
+        lora.rank, full_rank.size(), adapted.size(), some_of(full_rank, 4));
   for (const auto& item : model.named_parameters(/*recurse=*/true))
     item.value().requires_grad_(is_lora_adapter(item.key()));
   for (size_t i = 0; i < per_segment.size(); ++i) {

@@ -71,6 +71,7 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
   if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
   if (pid == 0) {
     close(fds[0]);
+    spdlog::set_level(spdlog::level::off);  // the parent builds the model again and says it all
     nlohmann::json answer;
     try {
       Session s;

@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include "common/log_capture.h"
 #include "common/temp_dir.h"
 #include "util/clock.h"
 
@@ -28,6 +28,7 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using gpurun::WorkerExit;
+using gpurun::test::LogCapture;
 using Clock = std::chrono::steady_clock;
 
 class SupervisorRuns : public ::testing::Test {
@@ -71,21 +72,6 @@ std::thread stop_later(double delay, int sig) {
     gpurun::request_stop(sig);
   });
 }
-
-/// Routes spdlog's default logger into a string for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 TEST(SupervisorRules, ShouldRestartOnlyRetriableExits) {
   auto exited = [](int code) {

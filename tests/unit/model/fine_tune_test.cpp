@@ -8,6 +8,7 @@
 
 #include "builtin.h"
 #include "checkpoint/pickle.h"
+#include "common/log_capture.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
@@ -143,6 +144,23 @@ TEST(FineTune, LoraGradientsAreTheSameWithActivationCheckpointingDropoutIncluded
         << grads[0][i].abs().max().item<double>();
     EXPECT_GT(grads[0][i].abs().sum().item<double>(), 0) << "parameter " << i;
   }
+}
+
+// Issue 31, item 8: a rank at or above a layer's min(in, out) makes LoRA train as much as the
+// layer itself; that is said, once, naming the layers.
+TEST(FineTune, LoraWarnsOfARankNotBelowTheLayersWidth) {
+  {
+    test::LogCapture log;
+    add_lora_adapters(*gpt(), lora(4));
+    EXPECT_EQ(log.text().find("is not below min(in, out)"), std::string::npos) << log.text();
+  }
+  test::LogCapture log;
+  add_lora_adapters(*gpt(), lora(32, {"*.attention.*"}));  // width 32: every layer
+  const std::string said = log.text();
+  EXPECT_NE(said.find("model.lora.rank 32 is not below min(in, out) of 4 of the 4 adapted"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("block0.0.attention.qkv (96 x 32)"), std::string::npos) << said;
 }
 
 TEST(FineTune, LoraNamesTheLinearLayersWhenNoTargetMatches) {
