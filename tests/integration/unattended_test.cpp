@@ -254,6 +254,43 @@ TEST(Supervisor, StoppedWorkerIsReportedAtTheStepItSaved) {
       << r.err;
 }
 
+// Issue 31, item 8: a TorchScript module that fails on the epoch's short last batch. The error
+// names the optimizer step and the batch's shape, and a failure that repeats at the same step
+// with the same message is not retried again: a restart resumes the same data and weights.
+TEST(Supervisor, AFailureThatRepeatsAtTheSameStepIsNotRetriedAgainAndNamesTheBatch) {
+  TempDir dir;
+  const std::string script = dir / "net.py";
+  std::ofstream(script) << "import sys, torch\n"
+                           "class Net(torch.nn.Module):\n"
+                           "    def __init__(self):\n"
+                           "        super().__init__()\n"
+                           "        self.body = torch.nn.Sequential(torch.nn.Flatten(),\n"
+                           "                                        torch.nn.Linear(784, 10))\n"
+                           "    def forward(self, x):\n"
+                           "        if x.size(0) == 4:\n"
+                           "            raise RuntimeError('no batch of 4 samples')\n"
+                           "        return self.body(x)\n"
+                           "torch.jit.script(Net()).save(sys.argv[1])\n";
+  Result py = run_program({kPython, script, dir / "net.pt"});
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  // 20 samples in batches of 8: the third step of the epoch is the short batch of 4.
+  const std::string config = write_config(dir,
+                                          "model: {torchscript: net.pt}\n"
+                                          "data: {name: idx, train_samples: 20, eval_samples: 8}\n"
+                                          "optim: {name: sgd, lr: 0.05}\n"
+                                          "train: {epochs: 1, batch_size: 8, threads: 1}\n");
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--max-restarts", "3"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "optimizer step 3 (epoch 1, micro-batches of 8): the forward pass "
+                       "and loss of a batch of shape [4, 1, 28, 28] failed"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "no batch of 4 samples")) << r.err;
+  EXPECT_TRUE(contains(r.err, "again, with the same error")) << r.err;
+  EXPECT_TRUE(contains(r.err, "not restarting")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restart 2/3")) << r.err;  // the first run and one restart only
+}
+
 TEST(Supervisor, ConfigErrorIsNotRetried) {
   TempDir dir;
   const std::string config = write_config(dir, "train: {epocs: 2}\n");

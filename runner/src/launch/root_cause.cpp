@@ -1,5 +1,7 @@
 #include "launch/root_cause.h"
 
+#include <sstream>
+
 #include <csignal>
 #include <cstring>
 
@@ -42,6 +44,23 @@ std::string cause(const WorkerExit& e) {
   std::string out = (e.name.empty() ? "worker" : e.name) + " " + describe(e);
   if (e.step >= 0) out += " at step " + std::to_string(e.step);
   return out;
+}
+
+std::string error_line(const WorkerExit& e) {
+  static const std::string kPrefix = "gpurun error ";
+  std::string found;
+  std::istringstream in(e.last_lines);
+  for (std::string line; std::getline(in, line);)
+    if (const size_t at = line.find(kPrefix); at != std::string::npos)
+      found = line.substr(at + kPrefix.size());
+  return found;
+}
+
+bool repeats(const WorkerExit& now, const WorkerExit& before) {
+  if (now.signal != 0 || now.hung || before.signal != 0 || before.hung) return false;
+  const std::string error = error_line(now);
+  return now.exit_code == before.exit_code && now.step >= 0 && now.step == before.step &&
+         !error.empty() && error == error_line(before);
 }
 
 std::string kill_hint(const WorkerExit& e) {

@@ -27,6 +27,14 @@ struct WorkerExit {
 /// or an exit code not in {0, 2, 3, 75}.
 bool should_restart(const WorkerExit& e);
 
+/// The last "gpurun error ..." line of its stderr, without the prefix; "" when none.
+std::string error_line(const WorkerExit& e);
+
+/// Whether `now` is the failure `before` was, again: an exit code (not a signal or a hang),
+/// the same code, at the same known step, with the same error line. A restart resumes the same
+/// checkpoint and data, so a failure that repeats this way would repeat on every restart.
+bool repeats(const WorkerExit& now, const WorkerExit& before);
+
 /// "exited with code 1", "killed by signal 9 (SIGKILL)", "hung: no progress for 30 s".
 std::string describe(const WorkerExit& e);
 

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -90,6 +91,14 @@ class Supervisor {
       }
       history_ += fmt::format("{}run {}: {} after {} s", history_.empty() ? "" : "; ", restart,
                               cause(e), format_seconds(e.seconds));
+      if (previous_ && repeats(e, *previous_)) {
+        spdlog::error(
+            "{} again, with the same error: {}; a restart resumes the same checkpoint and data, so "
+            "it would fail the same way: not restarting ({})",
+            cause(e), error_line(e), history_);
+        return kExitFailure;
+      }
+      previous_ = e;
       if (restart >= options_.max_restarts) {
         spdlog::error(
             "{}{} at restart {}/{}; no restarts left, giving up ({}); last lines "
@@ -328,7 +337,9 @@ class Supervisor {
   WorkerState state_ = WorkerState::kStarting;  ///< the group's state, every change logged
   Group group_;                                 ///< the current run
   int failures_without_progress_ = 0;           ///< for the backoff
-  std::string history_;                         ///< "run 0: ...; run 1: ..." for giving up
+  std::string history_;
+  std::optional<WorkerExit> previous_;  ///< the last failure restarted, to see it repeat ///< "run
+                                        ///< 0: ...; run 1: ..." for giving up
 };
 
 }  // namespace

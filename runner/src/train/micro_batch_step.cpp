@@ -1,13 +1,47 @@
 #include "train/micro_batch_step.h"
 
 #include <algorithm>
+#include <string>
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "gpurun/dataset.h"
 #include "gpurun/model.h"
 
 namespace gpurun {
+
+namespace {
+
+/// "[4, 1, 28, 28]".
+std::string shape_text(const at::Tensor& t) {
+  std::string out = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
+  return out + "]";
+}
+
+/// Runs `pass` on `batch`, turning a model's own error (a c10::Error, TorchScript's
+/// JITException, any std::exception) into BatchFailed naming `what` and the input's shape;
+/// out-of-memory errors and gpurun's own pass through unchanged.
+template <typename Pass>
+auto on_batch(const char* what, const at::Tensor& inputs, Pass&& pass) {
+  try {
+    return pass();
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {
+    throw;  // gpurun's own (a stop, a fault hook): already says what it is
+  } catch (const c10::Error& e) {
+    throw BatchFailed(std::string(what) + " of a batch of shape " + shape_text(inputs) +
+                      " failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    // TorchScript's interpreter throws torch::jit::JITException, a std::runtime_error.
+    throw BatchFailed(std::string(what) + " of a batch of shape " + shape_text(inputs) +
+                      " failed: " + e.what());
+  }
+}
+
+}  // namespace
 
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                             int64_t micro_batch, c10::Device device, int64_t window,
@@ -18,15 +52,17 @@ double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at
   for (int64_t start = 0; start < shard; start += micro_batch) {
     const int64_t count = std::min(micro_batch, shard - start);
     Batch batch = data.get(indices.narrow(0, start, count));
-    at::Tensor loss;
-    {
+    const at::Tensor loss = on_batch("the forward pass and loss", batch.inputs, [&] {
       AutocastGuard autocast(precision.precision, device);
       at::Tensor logits = model.forward(batch.inputs.to(device));
-      loss = loss_fn(logits, batch.targets.to(device));
-    }
+      return loss_fn(logits, batch.targets.to(device));
+    });
     at::Tensor weighted = loss * (static_cast<double>(count) / window);
     if (precision.loss_scale.defined()) weighted = weighted * precision.loss_scale;
-    weighted.backward();
+    on_batch("the backward pass", batch.inputs, [&] {
+      weighted.backward();
+      return 0;
+    });
     loss_sum += loss.item<double>() * count;
   }
   return window ? loss_sum / window : 0.0;
@@ -45,7 +81,8 @@ EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const a
       if (before_batch) before_batch();
       Batch batch = data.get(indices.narrow(0, start, count));
       AutocastGuard autocast(precision, device);
-      at::Tensor logits = model.forward(batch.inputs.to(device));
+      at::Tensor logits = on_batch("evaluation's forward pass", batch.inputs,
+                                   [&] { return model.forward(batch.inputs.to(device)); });
       at::Tensor targets = batch.targets.to(device);
       sums.loss_sum += loss_fn(logits, targets).item<double>() * count;
       sums.correct += static_cast<double>(correct_predictions(logits, targets));

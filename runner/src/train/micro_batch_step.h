@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "train/precision.h"
 
@@ -16,6 +17,15 @@ namespace gpurun {
 
 class Dataset;
 class SegmentedModel;
+
+/// The model's forward or backward pass, or the loss, failed on a batch for a reason other than
+/// memory (an error of the model's own: a TorchScript module that refuses a shape, a plugin's
+/// bug). The message names the pass and the batch's input shape; the trainer adds the
+/// optimizer step. Exit 1, like the LibTorch error it replaces.
+class BatchFailed : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Accumulates into the parameters' .grad the gradient of the mean `loss` (loss.h) over the
 /// step's window of W = `window` samples, of which this rank holds `indices` (int64 [S],
@@ -27,7 +37,8 @@ class SegmentedModel;
 /// `window` <= 0 means S. The forward pass and the loss run under autocast to
 /// `precision.precision`, the backward pass outside it; with `precision.loss_scale` defined
 /// (fp16's GradScaler::scale()), each backward is of the weighted loss times that scale, so the
-/// gradients are scaled by it (the returned loss is not).
+/// gradients are scaled by it (the returned loss is not). Throws BatchFailed for a model's error
+/// (c10::OutOfMemoryError passes through as it is: the planner and the trainer handle it).
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                             int64_t micro_batch, c10::Device device, int64_t window = 0,
                             const LossFn& loss = cross_entropy,
@@ -44,7 +55,7 @@ struct EvalSums {
 /// Evaluates the samples `indices` (int64) of `data` in batches of at most `eval_batch`, in
 /// eval mode without gradients, and puts `model` back in training mode. `before_batch`, when
 /// set, is called before each batch (the trainer's heartbeat). The forward passes run under
-/// autocast to `precision`, as training's do.
+/// autocast to `precision`, as training's do. Throws BatchFailed as accumulate_gradients().
 EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                              int64_t eval_batch, c10::Device device, const LossFn& loss,
                              const std::function<void()>& before_batch = {},

@@ -365,6 +365,10 @@ class Trainer {
         }
         release_gradients();
         out_of_memory = true;
+      } catch (const BatchFailed& e) {
+        throw BatchFailed("optimizer step " + std::to_string(global_step_ + 1) + " (epoch " +
+                          std::to_string(epoch_ + 1) + ", micro-batches of " +
+                          std::to_string(plan_.micro_batch) + "): " + e.what());
       }
       if (comm_) {
         std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,

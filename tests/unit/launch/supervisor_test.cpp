@@ -94,6 +94,33 @@ TEST(SupervisorRules, ShouldRestartOnlyRetriableExits) {
   EXPECT_TRUE(gpurun::should_restart(hung));
 }
 
+TEST(SupervisorRules, AFailureRepeatsOnlyWithTheSameCodeStepAndError) {
+  WorkerExit a;
+  a.exit_code = 1;
+  a.step = 37;
+  a.last_lines = "gpurun info step 36\ngpurun error optimizer step 38: shape [4]\n";
+  EXPECT_EQ(gpurun::error_line(a), "optimizer step 38: shape [4]");
+  WorkerExit b = a;
+  EXPECT_TRUE(gpurun::repeats(b, a));
+  b.step = 40;  // progress was made: another failure, worth a restart
+  EXPECT_FALSE(gpurun::repeats(b, a));
+  b = a;
+  b.last_lines = "gpurun error an I/O error\n";
+  EXPECT_FALSE(gpurun::repeats(b, a));
+  b = a;
+  b.exit_code = -1;
+  b.signal = SIGKILL;  // the OOM killer may not strike twice
+  EXPECT_FALSE(gpurun::repeats(b, a));
+  b = a;
+  b.step = -1;  // unknown step: nothing says it is the same place
+  a.step = -1;
+  EXPECT_FALSE(gpurun::repeats(b, a));
+  WorkerExit quiet;
+  quiet.exit_code = 1;
+  quiet.step = 3;
+  EXPECT_FALSE(gpurun::repeats(quiet, quiet));  // no error line to compare
+}
+
 TEST(SupervisorRules, DescribeNamesTheCause) {
   WorkerExit e;
   e.exit_code = 1;
