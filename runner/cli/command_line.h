@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,13 +27,14 @@ struct Command {
   std::string to;           ///< export: --to FILE
   std::string out;          ///< report: --out FILE.html ("": DIR/report.html)
   bool merge_lora = false;  ///< export: --merge-lora
-  std::string cards;        ///< plan: --cards FILE ("": the bundled table)
-  double deadline_hours = 72;  ///< plan: --deadline HOURS
-  bool estimate_only = false;  ///< plan: --estimate-only
-  bool json = false;           ///< --json: one JSON object on stdout, logs on stderr
-  std::string help;            ///< the --help text
-  LaunchRequest launch;        ///< run: restarts, DDP flags, the workers' command line;
-                               ///< queue: max_restarts
+  std::optional<int64_t> step;  ///< export: --step N
+  std::string cards;            ///< plan: --cards FILE ("": the bundled table)
+  double deadline_hours = 72;   ///< plan: --deadline HOURS
+  bool estimate_only = false;   ///< plan: --estimate-only
+  bool json = false;            ///< --json: one JSON object on stdout, logs on stderr
+  std::string help;             ///< the --help text
+  LaunchRequest launch;         ///< run: restarts, DDP flags, the workers' command line;
+                                ///< queue: max_restarts
 };
 
 /// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an
