@@ -51,6 +51,23 @@ std::string local_tier_of(const CheckpointView& view, const std::vector<Checkpoi
 
 namespace {
 
+json set_aside_json(const CheckpointView& view) {
+  json rows = json::array();
+  for (const auto& info : view.set_aside())
+    rows.push_back({{"name", info.name},
+                    {"path", info.path},
+                    {"epoch", info.epoch},
+                    {"global_step", info.global_step}});
+  return rows;
+}
+
+// "aside   NAME  (set aside as damaged by a resume: never loaded again)" for each.
+void set_aside_text(const CheckpointView& view, std::ostream& out) {
+  for (const auto& info : view.set_aside())
+    out << "aside   " << printable(info.name)
+        << "  (set aside as damaged by a resume: never loaded again)\n";
+}
+
 json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const LatestFile latest = view.latest();
   json rows = json::array();
@@ -62,11 +79,14 @@ json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& in
                     {"bytes", info.bytes},
                     {"complete", info.complete},
                     {"problem", info.problem},
+                    {"sealed", info.sealed},
                     {"latest", latest.names(info.name)}});
   }
   const bool has_latest = latest.state == LatestFile::State::kPresent;
   return {{"dir", view.dir()},
+          {"checked", "sizes"},
           {"checkpoints", rows},
+          {"set_aside", set_aside_json(view)},
           {"latest", has_latest ? json(latest.name) : json(nullptr)},
           {"newest_complete", or_null(CheckpointView::newest_complete(infos))}};
 }
@@ -74,30 +94,35 @@ json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& in
 void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& infos,
                std::ostream& out) {
   const LatestFile latest = view.latest();
-  std::vector<std::string> names;
+  const std::vector<CheckpointInfo> aside = view.set_aside();
   size_t width = 4;
-  for (const auto& info : infos) {
-    names.push_back(printable(info.name));
-    width = std::max(width, names.back().size());
+  for (const auto* group : {&infos, &aside}) {
+    for (const auto& info : *group) width = std::max(width, printable(info.name).size());
   }
   out << std::left << std::setw(static_cast<int>(width)) << "NAME"
       << "  " << std::right << std::setw(5) << "EPOCH"
       << "  " << std::setw(9) << "STEP"
       << "  " << std::setw(12) << "BYTES"
       << "  STATUS\n";
-  for (size_t i = 0; i < infos.size(); ++i) {
-    const CheckpointInfo& info = infos[i];
-    out << std::left << std::setw(static_cast<int>(width)) << names[i] << "  " << std::right
-        << std::setw(5) << info.epoch << "  " << std::setw(9) << info.global_step << "  "
-        << std::setw(12) << info.bytes << "  "
-        << (info.complete ? "complete" : "INCOMPLETE: " + printable(info.problem))
+  const auto row = [&](const CheckpointInfo& info, const std::string& status) {
+    out << std::left << std::setw(static_cast<int>(width)) << printable(info.name) << "  "
+        << std::right << std::setw(5) << info.epoch << "  " << std::setw(9) << info.global_step
+        << "  " << std::setw(12)
+        << (status.rfind("SET ASIDE", 0) == 0 ? "-" : std::to_string(info.bytes)) << "  " << status
         << (latest.names(info.name) ? "  <- LATEST" : "") << "\n";
+  };
+  for (const auto& info : infos) {
+    row(info, info.complete ? std::string(info.sealed ? "sizes ok" : "sizes ok, manifest unsealed")
+                            : "DAMAGED: " + printable(info.problem));
   }
-  if (infos.empty())
+  for (const auto& info : aside) row(info, "SET ASIDE as damaged by a resume: never loaded again");
+  if (infos.empty() && aside.empty()) {
     out << "(no checkpoints in " << view.dir() << ")\n";
-  else  // a flipped byte keeps its size: only verify finds it
-    out << "(complete: every file its manifest names is there at its size; the checksums are "
-           "read by `gpurun ckpt verify`)\n";
+  } else {  // a flipped byte keeps its size: only verify finds it
+    out << "(sizes ok: each manifest's own checksum matches and every file it names is there at "
+           "its size; the files' checksums were not read: `gpurun ckpt verify "
+        << view.dir() << "` reads them)\n";
+  }
   const bool latest_here = std::any_of(
       infos.begin(), infos.end(), [&](const CheckpointInfo& i) { return latest.names(i.name); });
   if (latest.state == LatestFile::State::kPresent && !latest_here) {
@@ -107,38 +132,63 @@ void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& in
   }
 }
 
+// Whether every checkpoint of `infos` verifies and one does: `gpurun ckpt verify`'s exit 0.
+bool all_verify(const std::vector<CheckpointInfo>& infos) {
+  return !infos.empty() && std::all_of(infos.begin(), infos.end(),
+                                       [](const CheckpointInfo& i) { return i.complete; });
+}
+
 json verify_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
   json rows = json::array();
+  int64_t failed = 0;
   for (const auto& info : infos) {
-    rows.push_back({{"name", info.name}, {"complete", info.complete}, {"problem", info.problem}});
+    rows.push_back({{"name", info.name},
+                    {"complete", info.complete},
+                    {"problem", info.problem},
+                    {"sealed", info.sealed}});
+    failed += !info.complete;
   }
   return {{"dir", view.dir()},
-          {"ok", newest != nullptr},
+          {"ok", all_verify(infos)},
+          {"checked", "checksums"},
+          {"failed", failed},
           {"checkpoints", rows},
+          {"set_aside", set_aside_json(view)},
           {"newest_complete", or_null(newest)}};
 }
 
 void verify_text(const CheckpointView& view, const std::vector<CheckpointInfo>& infos,
                  std::ostream& out) {
+  int64_t failed = 0;
   for (const auto& info : infos) {
+    failed += !info.complete;
     out << (info.complete ? "ok      " : "FAILED  ") << printable(info.name)
-        << (info.complete ? "" : ": " + printable(info.problem)) << "\n";
+        << (info.complete ? "" : ": " + printable(info.problem))
+        << (info.complete && !info.sealed
+                ? "  (manifest of format_version 1: no checksum of its own; its epoch and step "
+                  "agree with the name)"
+                : "")
+        << "\n";
   }
+  set_aside_text(view, out);
   if (const CheckpointInfo* newest = CheckpointView::newest_complete(infos)) {
-    out << "newest complete checkpoint: " << printable(newest->name) << "\n";
+    out << "newest complete checkpoint: " << printable(newest->name) << " (a resume takes it)\n";
   } else {
     out << "no checkpoint in " << view.dir() << " verifies\n";
   }
+  if (failed > 0) out << failed << " checkpoint(s) FAILED verification\n";
 }
 
 using TierJson = json (*)(const CheckpointView&, const std::vector<CheckpointInfo>&);
 using TierText = void (*)(const CheckpointView&, const std::vector<CheckpointInfo>&, std::ostream&);
 
 // Prints DIR's checkpoints (checksums checked with `verify`), then those of its local tier when
-// this machine holds one, each tier as it keeps them (`local_tier` in the JSON). Returns DIR's.
+// this machine holds one, each tier as it keeps them (`local_tier` in the JSON). Returns DIR's,
+// and the local tier's in `local_out`.
 std::vector<CheckpointInfo> print_tiers(const CheckpointView& view, bool verify, bool as_json,
-                                        std::ostream& out, TierJson to_json, TierText to_text) {
+                                        std::ostream& out, TierJson to_json, TierText to_text,
+                                        std::vector<CheckpointInfo>* local_out = nullptr) {
   std::vector<CheckpointInfo> infos = view.list(verify);
   const std::string tier = local_tier_of(view, infos);
   std::optional<CheckpointView> local;
@@ -146,6 +196,7 @@ std::vector<CheckpointInfo> print_tiers(const CheckpointView& view, bool verify,
   if (!tier.empty()) {
     local.emplace(tier);
     local_infos = local->list(verify);
+    if (local_out) *local_out = local_infos;
   }
   if (as_json) {
     json j = to_json(view, infos);
@@ -167,11 +218,15 @@ int list(const CheckpointView& view, bool as_json, std::ostream& out) {
   return kExitOk;
 }
 
-// The exit code is DIR's: whether a checkpoint there verifies.
+// 0 when a checkpoint of DIR verifies and every checkpoint of both tiers does (a resume may
+// take either tier's), 1 otherwise.
 int verify(const CheckpointView& view, bool as_json, std::ostream& out) {
+  std::vector<CheckpointInfo> local;
   const std::vector<CheckpointInfo> infos =
-      print_tiers(view, /*verify=*/true, as_json, out, verify_json, verify_text);
-  return CheckpointView::newest_complete(infos) ? kExitOk : kExitFailure;
+      print_tiers(view, /*verify=*/true, as_json, out, verify_json, verify_text, &local);
+  const bool local_ok =
+      std::all_of(local.begin(), local.end(), [](const CheckpointInfo& i) { return i.complete; });
+  return all_verify(infos) && local_ok ? kExitOk : kExitFailure;
 }
 
 void print_summary(const CheckpointInfo& info, std::ostream& out) {
@@ -186,6 +241,11 @@ void print_summary(const CheckpointInfo& info, std::ostream& out) {
   out << "checkpoint " << info.path << "\n";
   row("status",
       info.complete ? "complete (checksums verified)" : "DAMAGED: " + printable(info.problem));
+  if (info.complete)
+    row("manifest", info.sealed
+                        ? "sealed (its own xxh3 matches; epoch and step agree with the name)"
+                        : "format_version 1: no checksum of its own (epoch and step agree "
+                          "with the name)");
   for (const char* key : {"format_version", "gpurun_version", "torch_version", "created", "epoch",
                           "global_step", "position_in_epoch", "world_size", "model_digest",
                           "config_hash", "threads", "cpu_capability", "plan"}) {

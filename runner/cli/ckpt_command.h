@@ -1,13 +1,21 @@
 // `gpurun ckpt list|verify|inspect DIR [--json]` (docs/architecture.md, "Command line").
 //
-//   list     every ckpt-* folder of the checkpoint root DIR: epoch, global step, bytes, whether
-//            it is complete (manifest present, sizes match) or what is wrong, and which one
-//            LATEST names. --json: {"dir", "checkpoints": [...], "latest", "newest_complete"}.
-//   verify   checks every checkpoint in DIR, checksums included, and prints each result (a file
-//            that cannot be read, or is not a file, fails its checkpoint, not the command).
-//            --json: {"dir", "ok", "checkpoints": [{"name", "complete", "problem"}],
-//            "newest_complete"}. Exit 0 when at least one verifies (the newest complete
-//            checkpoint is then the newest one that verifies), 1 when none does.
+//   list     every ckpt-* folder of the checkpoint root DIR: epoch, global step, bytes, and
+//            "sizes ok" (the manifest's own checksum matches, its epoch and step agree with the
+//            folder's name, every file it names is there at its size) or what is wrong, which
+//            one LATEST names, and the folders a resume set aside (NAME.damaged). The files'
+//            checksums are not read, and the output says so. --json: {"dir", "checked":
+//            "sizes", "checkpoints": [{..., "complete", "problem", "sealed"}], "set_aside":
+//            [{"name", "path", "epoch", "global_step"}], "latest", "newest_complete"}.
+//   verify   checks every checkpoint in DIR (and in its local tier on this machine), checksums
+//            included, prints each result (a file that cannot be read, or is not a file, fails
+//            its checkpoint, not the command), the folders set aside and the checkpoint a
+//            resume takes. --json: {"dir", "ok", "checked": "checksums", "failed",
+//            "checkpoints": [{"name", "complete", "problem", "sealed"}], "set_aside",
+//            "newest_complete"}. Exit 0 only when every checkpoint of both tiers verifies and
+//            DIR holds one; 1 when any fails or DIR holds none (folders already set aside as
+//            damaged are shown, and count for neither). So `gpurun ckpt verify DIR || alert`
+//            catches any damage, the newest checkpoint's included.
 //   inspect  DIR is the checkpoint root (meaning its newest complete checkpoint) or one ckpt-*
 //            folder; prints that checkpoint's manifest: --json the manifest itself, otherwise a
 //            readable summary. Newer checkpoints of a root that do not verify are skipped with a

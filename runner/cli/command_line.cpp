@@ -45,7 +45,7 @@ const char* const kUsage =
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
     "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
     "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
-    "  gpurun export CKPT_DIR --to FILE [--merge-lora]";
+    "  gpurun export CKPT_DIR --to FILE [--merge-lora] [--step N]";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -194,11 +194,15 @@ Command parse_command_line(int argc, const char* const argv[]) {
   }
   if (first == "export") {
     if (args.size() != 2 || !r.count("to"))
-      usage_error("usage: gpurun export CKPT_DIR --to FILE [--merge-lora]");
+      usage_error("usage: gpurun export CKPT_DIR --to FILE [--merge-lora] [--step N]");
     cmd.kind = Command::Kind::kExport;
     cmd.dir = args[1];
     cmd.to = r["to"].as<std::string>();
     cmd.merge_lora = r.count("merge-lora") > 0;
+    if (r.count("step")) {
+      cmd.step = r["step"].as<int>();
+      if (*cmd.step < 0) usage_error("--step must be >= 0");
+    }
     return cmd;
   }
   if (r.count("set")) cmd.overrides = r["set"].as<std::vector<std::string>>();
@@ -268,7 +272,7 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
     case Command::Kind::kReport:
       return report_command(cmd.dir, cmd.out, out);
     case Command::Kind::kExport:
-      return export_command(cmd.dir, cmd.to, out, cmd.merge_lora);
+      return export_command(cmd.dir, cmd.to, out, cmd.merge_lora, cmd.step);
     case Command::Kind::kQueue:
       return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
                            cmd.launch.hang_timeout, out);

@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,8 @@ struct Command {
   std::string to;           ///< export: --to FILE
   std::string out;          ///< report: --out FILE.html ("": DIR/report.html)
   bool merge_lora = false;  ///< export: --merge-lora
-  std::string cards;        ///< plan: --cards FILE ("": the bundled table)
+  std::optional<int64_t> step;    ///< export: --step N
+  std::string cards;              ///< plan: --cards FILE ("": the bundled table)
   double deadline_hours = 72;     ///< plan: --deadline HOURS
   bool estimate_only = false;     ///< plan: --estimate-only
   bool probe_precisions = false;  ///< plan: --probe-precisions

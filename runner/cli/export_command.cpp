@@ -16,6 +16,7 @@
 #include "model/torchscript_model.h"
 #include "util/fs.h"
 #include "util/hash.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -23,31 +24,99 @@ namespace {
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
 
-/// The checkpoint to export: `dir` itself when it is one ckpt-* folder, else the newest one that
-/// verifies of the root and of its local tier on this machine (as a resume chooses: the local
-/// one holds the newer state when the run stopped before its copy reached DIR). Read-only:
-/// damaged ones are reported, not renamed.
-LoadedCheckpoint choose(const std::string& dir) {
-  if (CheckpointView::is_checkpoint_folder(dir)) return CheckpointStore::load(dir);
-  const CheckpointView view(dir);
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
-  std::optional<CheckpointInfo> newest = view.newest_complete();
-  if (const std::string tier = local_tier_of(view, infos); !tier.empty()) {
-    const std::optional<CheckpointInfo> local = CheckpointView(tier).newest_complete();
-    if (local && (!newest || local->global_step > newest->global_step)) {
-      spdlog::info("exporting from the local tier: {} (global step {}; {}'s newest: {})",
-                   local->path, local->global_step, dir,
-                   newest ? "global step " + std::to_string(newest->global_step) : "none");
-      newest = local;
+/// A checkpoint root and its local tier on this machine (checkpoint.local_dir), local first: a
+/// resume prefers it on a tie, and it holds the newer state when a run stopped before its copy
+/// reached the root.
+std::vector<CheckpointView> tiers_of(const std::string& dir) {
+  const CheckpointView root(dir);
+  std::vector<CheckpointView> tiers;
+  if (const std::string tier = local_tier_of(root, root.list(/*verify=*/false)); !tier.empty())
+    tiers.emplace_back(tier);
+  tiers.push_back(root);
+  return tiers;
+}
+
+LoadedCheckpoint loaded(CheckpointInfo info) {
+  CheckpointMeta meta = meta_from_manifest(info.manifest);
+  return LoadedCheckpoint{std::move(info), std::move(meta), {}};
+}
+
+/// The checkpoint of global step `step` in `dir` or its local tier, its checksums verified.
+LoadedCheckpoint choose_step(const std::string& dir, int64_t step) {
+  std::string problems, steps;
+  for (const CheckpointView& tier : tiers_of(dir)) {
+    for (const CheckpointInfo& listed : tier.list(/*verify=*/false)) {
+      steps += (steps.empty() ? "" : ", ") + std::to_string(listed.global_step);
+      if (listed.global_step != step) continue;
+      CheckpointInfo info = CheckpointView::inspect(listed.path, /*verify=*/true);
+      if (info.complete) return loaded(std::move(info));
+      problems += "\n  " + printable(info.path) + ": " + printable(info.problem);
     }
   }
-  if (!newest) {
-    throw ResumeError("no complete checkpoint in " + dir + " (" + std::to_string(infos.size()) +
-                      " ckpt-* folders; `gpurun ckpt verify " + dir + "` says what is wrong)");
+  if (!problems.empty())
+    throw ResumeError("the checkpoint of global step " + std::to_string(step) + " in " + dir +
+                      " does not verify:" + problems);
+  throw ResumeError("no checkpoint of global step " + std::to_string(step) + " in " + dir +
+                    " (its checkpoints' steps: " + (steps.empty() ? "none" : steps) + ")");
+}
+
+/// The checkpoint to export: `dir` itself when it is one ckpt-* folder; with `step`, the one of
+/// that global step; else the newest checkpoint of the root and its local tier, which must
+/// verify. A newest one that does not (or one newer set aside as damaged by a resume) is
+/// refused, naming it and the newest that verifies: exporting an older state is a choice made
+/// with --step or a folder, never one made in silence. Read-only: nothing is renamed.
+LoadedCheckpoint choose(const std::string& dir, std::optional<int64_t> step) {
+  if (CheckpointView::is_checkpoint_folder(dir)) {
+    if (step)
+      throw ConfigError("gpurun export " + dir +
+                        ": --step chooses among a checkpoint root's checkpoints, and " + dir +
+                        " is one checkpoint folder; give the root, or the folder alone");
+    return CheckpointStore::load(dir);
   }
-  // newest_complete() verified it, checksums included: no second pass over its files.
-  CheckpointMeta meta = meta_from_manifest(newest->manifest);
-  return LoadedCheckpoint{std::move(*newest), std::move(meta), {}};
+  if (step) return choose_step(dir, *step);
+  // Each tier down to its newest checkpoint that verifies; the newest step of either decides.
+  const CheckpointInfo* newest = nullptr;
+  const CheckpointInfo* complete = nullptr;
+  const CheckpointInfo* lost = nullptr;
+  std::vector<CheckpointSummary> summaries;
+  const std::vector<CheckpointView> tiers = tiers_of(dir);
+  summaries.reserve(tiers.size());
+  for (const CheckpointView& tier : tiers) {
+    const CheckpointSummary& s = summaries.emplace_back(tier.summary(/*verify=*/true));
+    if (s.newest() && (!newest || s.newest()->global_step > newest->global_step))
+      newest = s.newest();
+    if (s.newest_complete && (!complete || s.newest_complete->global_step > complete->global_step))
+      complete = &*s.newest_complete;
+    if (!s.set_aside.empty() && (!lost || s.set_aside.back().global_step > lost->global_step))
+      lost = &s.set_aside.back();
+  }
+  if (!newest) {
+    throw ResumeError("no checkpoint in " + dir +
+                      (lost ? " (only checkpoints set aside as damaged by a resume: `gpurun ckpt "
+                              "list " +
+                                  dir + "` shows them)"
+                            : ""));
+  }
+  const std::string take =
+      complete ? "the newest that verifies is " + complete->path + " (global step " +
+                     std::to_string(complete->global_step) + "): export it with --step " +
+                     std::to_string(complete->global_step) + ", or name its folder"
+               : "no checkpoint there verifies (`gpurun ckpt verify " + dir + "`)";
+  if (!complete || complete->global_step < newest->global_step)
+    throw ResumeError("the newest checkpoint " + newest->path + " (global step " +
+                      std::to_string(newest->global_step) + ") does not verify (" +
+                      printable(newest->problem) + "); " + take);
+  if (lost && lost->global_step > complete->global_step)
+    throw ResumeError("a newer checkpoint, " + lost->path +
+                      ", was set aside as damaged by a resume: the steps after global step " +
+                      std::to_string(complete->global_step) +
+                      " are lost until the run trains them "
+                      "again (`gpurun run ... --resume`); " +
+                      take);
+  if (complete->path.rfind(dir, 0) != 0)
+    spdlog::info("exporting from the local tier: {} (global step {})", complete->path,
+                 complete->global_step);
+  return loaded(*complete);
 }
 
 /// The same xxh3 as model_digest(), over tensors already read from model.pt.
@@ -71,7 +140,7 @@ std::string torchscript_source(const CheckpointMeta& meta) {
 }  // namespace
 
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
-                   bool merge_lora) {
+                   bool merge_lora, std::optional<int64_t> step) {
   std::error_code ec;
   if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
@@ -86,7 +155,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
                       " does not exist");
 
-  const LoadedCheckpoint checkpoint = choose(ckpt_dir);
+  const LoadedCheckpoint checkpoint = choose(ckpt_dir, step);
   const CheckpointMeta& meta = checkpoint.meta;
   const NamedTensors weights = load_model_tensors(checkpoint);
   if (digest_of(weights) != meta.model_digest)

@@ -1,10 +1,12 @@
 // `gpurun export CKPT_DIR --to FILE` (docs/architecture.md, "Command line"): the trained model of a
 // checkpoint, in a form Python loads without gpurun.
 //
-// CKPT_DIR is a checkpoint root (meaning its newest complete checkpoint: the newest one whose
-// checksums verify; newer damaged ones are skipped with a warning and left as they are, since
-// a run may still be writing there) or one ckpt-* folder. FILE receives, written atomically (an
-// existing FILE is replaced; a directory is refused):
+// CKPT_DIR is a checkpoint root or one ckpt-* folder. A root means its newest checkpoint (of the
+// root and of its local tier on this machine), whose checksums must verify: when it does not,
+// or when a newer one was set aside as damaged by a resume, the export is refused, naming it
+// and the newest checkpoint that verifies; `step` (--step N) or the folder's path exports an
+// older one. Nothing is renamed: a run may still be writing there. FILE receives, written
+// atomically (an existing FILE is replaced; a directory is refused):
 //   - for a built-in or plugin model, the state_dict: torch.load(FILE) in Python gives a plain
 //     dict name -> tensor (the checkpoint's model.pt, verified);
 //   - for a TorchScript model (model.torchscript), the scripted module with the trained
@@ -17,6 +19,8 @@
 // is refused (ConfigError), as is a TorchScript model.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -25,11 +29,12 @@ namespace gpurun {
 /// Exports as described above and prints one line to `out` naming the checkpoint, its global
 /// step and model_digest, FILE and the format; returns 0. Throws ConfigError (exit 2) for a
 /// CKPT_DIR that is missing or not a directory, a FILE that is a directory (or ends in '/'), a
-/// FILE whose directory does not exist, or a TorchScript module file that is gone; ResumeError
-/// (exit 3) when there is no complete checkpoint, the given ckpt-* folder does not verify, or
-/// its weights do not match its model_digest or the module; IoError (exit 1) when reading or
-/// writing fails.
+/// FILE whose directory does not exist, `step` with a ckpt-* folder, or a TorchScript module
+/// file that is gone; ResumeError (exit 3) when the newest checkpoint does not verify (or a
+/// newer one was set aside), there is none, the given folder or step's checkpoint does not
+/// verify or does not exist, or its weights do not match its model_digest or the module;
+/// IoError (exit 1) when reading or writing fails.
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
-                   bool merge_lora = false);
+                   bool merge_lora = false, std::optional<int64_t> step = std::nullopt);
 
 }  // namespace gpurun

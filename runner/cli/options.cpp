@@ -39,6 +39,7 @@ const std::vector<OptionSpec>& option_table() {
     {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
     {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},
     {kExport, "to", T::kString, "FILE", "", "export: the file to write the newest complete checkpoint's model to (an existing file is replaced; a directory is refused)"},
+    {kExport, "step", T::kInt, "N", "", "export: the checkpoint of global step N rather than the newest (which must verify, else export refuses)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kReport, "out", T::kString, "FILE.html", "", "report: where to write the page (default: DIR/report.html)"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},

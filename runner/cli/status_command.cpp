@@ -13,6 +13,7 @@
 
 #include "checkpoint/store.h"
 #include "gpurun/errors.h"
+#include "queue/queue_state.h"
 #include "queue/queue_summary.h"
 #include "report/reporter.h"
 #include "util/clock.h"
@@ -50,8 +51,30 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
       s.contains("pid") && kill(static_cast<pid_t>(s["pid"].get<int64_t>()), 0) != 0 &&
       errno == ESRCH)
     s["state"] = "dead";
+  // The checkpoints by their manifests and sizes, quick enough for every status; the checksums
+  // are `gpurun ckpt verify`'s.
+  nlohmann::json checkpoints = {{"checked", "sizes"}};
+  std::string checkpoint_line, problem;
+  try {
+    const RunCheckpoints checked = check_run_checkpoints(run_dir, /*verify=*/false);
+    const CheckpointInfo* newest = checked.summary.newest();
+    checkpoints["dir"] = checked.dir;
+    checkpoints["newest"] = newest ? nlohmann::json(newest->name) : nlohmann::json();
+    checkpoints["newest_complete"] = checked.summary.newest_complete
+                                         ? nlohmann::json(checked.summary.newest_complete->name)
+                                         : nlohmann::json();
+    checkpoints["ok"] = checked.problem.empty();
+    checkpoints["problem"] = checked.problem;
+    checkpoint_line = checked.summary.describe();
+    problem = checked.problem;
+  } catch (const IoError& e) {
+    checkpoint_line = problem = std::string("cannot be read: ") + e.what();
+    checkpoints["ok"] = false;
+    checkpoints["problem"] = problem;
+  }
+  s["checkpoints"] = checkpoints;
   if (json) {
-    out << s.dump() << "\n";
+    out << s.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return kExitOk;
   }
   auto get = [&](const char* key) {
@@ -86,7 +109,9 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
   if (s.contains("local_tier"))
     out << "  in --ckpt     " << s.value("last_network_checkpoint", std::string("none yet"))
         << "\n";
-  out << "restarts        " << get("restarts") << "\n";
+  out << "restarts        " << get("restarts") << "\n"
+      << "checkpoints     " << checkpoint_line << "\n";
+  if (!problem.empty() && problem != checkpoint_line) out << "  NOT INTACT    " << problem << "\n";
   return kExitOk;
 }
 

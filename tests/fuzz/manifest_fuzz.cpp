@@ -2,7 +2,9 @@
 // checkpoint folder is examined with its checksums (manifest parsed, every file it lists
 // checked), listed as a checkpoint root, and a manifest that verifies is turned into the
 // run's metadata and its config, as a resume does. Input: the bytes of manifest.json; the
-// folder also holds a small model.pt (kModelPt below) for the manifest to name.
+// folder also holds a small model.pt (kModelPt below) for the manifest to name. The folder is
+// named after the seeds' epoch 1 and global step 8, which its manifest must agree with; the
+// seeds are of format_version 1 (no seal) and 2 (complete_sealed.json).
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -18,7 +20,7 @@ constexpr const char* kModelPt = "gpurun fuzz model.pt\n";
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string folder = [] {
-    const std::string f = gpurun::fuzz::scratch_dir() + "/ckpt-e0001-s0000010";
+    const std::string f = gpurun::fuzz::scratch_dir() + "/ckpt-e0001-s0000008";
     std::filesystem::create_directories(f);
     gpurun::fuzz::write_file(f + "/model.pt", kModelPt);
     return f;

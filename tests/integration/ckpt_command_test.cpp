@@ -63,17 +63,19 @@ TEST(CkptCommand, AFileReplacedByADirectoryFailsOnlyItsCheckpoint) {
   const std::string ckpt = dir / "ckpt";
   make_model_a_directory(ckpt + "/" + kNewest);
 
+  // Issue 31, item 3: the one a resume would take is not the newest: exit 1, for `|| alert`.
   Result r = run_gpurun({"ckpt", "verify", ckpt});
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, std::string("FAILED  ") + kNewest + ": model.pt: not a regular file"))
       << r.out << r.err;
   EXPECT_TRUE(contains(r.out, std::string("ok      ") + kPrevious)) << r.out;
   EXPECT_TRUE(contains(r.out, std::string("newest complete checkpoint: ") + kPrevious)) << r.out;
 
   r = run_gpurun({"ckpt", "verify", ckpt, "--json"});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
   json j = one_object(r.out);
-  EXPECT_EQ(j.value("ok", false), true);
+  EXPECT_EQ(j.value("ok", true), false);
+  EXPECT_EQ(j.value("failed", 0), 1);
   EXPECT_EQ(j.value("newest_complete", ""), kPrevious);
 
   r = run_gpurun({"ckpt", "inspect", ckpt});
@@ -85,12 +87,63 @@ TEST(CkptCommand, AFileReplacedByADirectoryFailsOnlyItsCheckpoint) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(one_object(r.out).value("global_step", -1), 8);
 
+  // Issue 31, item 3b: export refuses an older state than the newest unless it is chosen.
   r = run_gpurun({"export", ckpt, "--to", dir / "model.pt"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "the newest checkpoint " + ckpt + "/" + kNewest +
+                                  " (global step 10) does not verify (model.pt: not a regular "
+                                  "file); the newest that verifies is " +
+                                  ckpt + "/" + kPrevious +
+                                  " (global step 8): export it with "
+                                  "--step 8"))
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir / "model.pt"));
+  r = run_gpurun({"export", ckpt, "--to", dir / "model.pt", "--step", "8"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, std::string("skipping ") + kNewest)) << r.err;
   EXPECT_TRUE(contains(r.out, std::string(kPrevious) + " (global step 8")) << r.out;
+  r = run_gpurun({"export", ckpt + "/" + kPrevious, "--to", dir / "model.pt"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_gpurun({"export", ckpt, "--to", dir / "model.pt", "--step", "10"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "the checkpoint of global step 10 in " + ckpt + " does not verify"))
+      << r.err;
+  r = run_gpurun({"export", ckpt, "--to", dir / "model.pt", "--step", "9"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "no checkpoint of global step 9")) << r.err;
   EXPECT_TRUE(fs::is_directory(ckpt + "/" + kNewest + "/model.pt"))
       << "a read-only command renamed it";
+}
+
+// Issue 31, item 2: one change in manifest.json (the epoch 1 -> 0) is damage like any other:
+// verify names it (exit 1), and a resume sets it aside and takes the previous checkpoint, from
+// which it trains again to the same weights.
+TEST(CkptCommand, AnEditedManifestFailsVerifyAndAResumeTakesThePreviousCheckpoint) {
+  TempDir dir;
+  const std::string config = train(dir);
+  const std::string ckpt = dir / "ckpt";
+  const std::string newest = ckpt + "/" + kNewest;
+  const std::string digest = inspect(ckpt).value("model_digest", "");
+  std::string text = slurp(newest + "/manifest.json");
+  ASSERT_TRUE(contains(text, "\"epoch\": 1,")) << text;
+  text.replace(text.find("\"epoch\": 1,"), 11, "\"epoch\": 0,");
+  write_bytes(newest + "/manifest.json", text);
+
+  Result r = run_gpurun({"ckpt", "verify", ckpt});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, std::string("FAILED  ") + kNewest + ": manifest.json: its own xxh3"))
+      << r.out;
+  r = run_gpurun({"ckpt", "list", ckpt});
+  EXPECT_TRUE(contains(r.out, "DAMAGED: manifest.json: its own xxh3")) << r.out;
+
+  r = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "checkpoint.every_steps=4"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from " + ckpt + "/" + kPrevious)) << r.err;
+  const std::vector<json> resumes = events(ckpt, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0].value("global_step", -1), 8);
+  EXPECT_TRUE(fs::is_directory(newest + ".damaged"));
+  EXPECT_EQ(inspect(ckpt).value("model_digest", ""), digest);
+  EXPECT_EQ(run_gpurun({"ckpt", "verify", ckpt}).exit_code, 0);
 }
 
 TEST(CkptCommand, JsonIsOneObjectAlsoWhenNothingVerifies) {
@@ -122,7 +175,7 @@ TEST(CkptCommand, JsonIsOneObjectAlsoWhenNothingVerifies) {
 
   r = run_gpurun({"export", ckpt, "--to", dir / "model.pt"});
   EXPECT_EQ(r.exit_code, 3) << r.err;
-  EXPECT_TRUE(contains(r.err, "no complete checkpoint in " + ckpt)) << r.err;
+  EXPECT_TRUE(contains(r.err, "no checkpoint there verifies")) << r.err;
 }
 
 TEST(Export, ToADirectoryExitsTwoAndAnExistingFileIsReplaced) {

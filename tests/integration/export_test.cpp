@@ -143,8 +143,8 @@ TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
   ASSERT_EQ(
       run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.every_steps=4"}).exit_code,
       0);
-  // Damage the newest checkpoint (step 10): export takes the previous one and leaves the
-  // damaged one where it is (a run may be writing there).
+  // Damage the newest checkpoint (step 10): export refuses it, naming the previous one, which
+  // --step exports, and leaves the damaged one where it is (a run may be writing there).
   const std::string newest = latest(dir / "ckpt");
   ASSERT_TRUE(contains(newest, "s0000010"));
   {
@@ -153,8 +153,13 @@ TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
     f.put('\x5a');
   }
   Result r = run_gpurun({"export", dir / "ckpt", "--to", dir / "weights.pt"});
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "ckpt-e0001-s0000010 (global step 10) does not verify")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ckpt-e0000-s0000008 (global step 8): export it with --step 8"))
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir / "weights.pt"));
+  r = run_gpurun({"export", dir / "ckpt", "--to", dir / "weights.pt", "--step", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "skipping ckpt-e0001-s0000010")) << r.err;
   EXPECT_TRUE(contains(r.out, "ckpt-e0000-s0000008 (global step 8")) << r.out;
   EXPECT_TRUE(contains(r.out, "as a state_dict (torch.load)")) << r.out;
   EXPECT_TRUE(fs::exists(newest)) << "export renamed the damaged checkpoint";
@@ -183,7 +188,7 @@ TEST(Export, StateDictOfTheNewestCompleteCheckpointLoadsInPython) {
   fs::create_directories(dir / "empty");
   Result none = run_gpurun({"export", dir / "empty", "--to", dir / "x.pt"});
   EXPECT_EQ(none.exit_code, 3);
-  EXPECT_TRUE(contains(none.err, "no complete checkpoint in")) << none.err;
+  EXPECT_TRUE(contains(none.err, "no checkpoint in")) << none.err;
 }
 
 }  // namespace

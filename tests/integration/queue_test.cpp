@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -309,6 +310,90 @@ TEST(Queue, ARunStoppedAloneIsLeftForTheNextInvocationAndTheOthersGoOn) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(events(qdir + "/runs/seed-1", "resume").size(), 1u);
   EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 1);
+}
+
+// Issue 31, item 3b: four bytes of a finished run's final model.pt changed. Export refuses it
+// (exit 3) naming it and the one it could take, which --step exports; status and report say
+// that they read no checksums and, once a file's size is wrong too, that the checkpoint is
+// damaged; the queue's same command trains that run again from its newest good checkpoint, to
+// the same final weights, and skips it only once its final checkpoint verifies.
+TEST(Queue, AFinishedRunWhoseFinalCheckpointIsDamagedIsTrainedAgainFromItsNewestGoodOne) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(300, 30, 2));
+  const std::string queue = seeds_queue(dir, config, "2", "set: [checkpoint.every_steps=4]\n");
+  const std::string qdir = dir / "q";
+  const std::vector<std::string> args{"queue", queue, "--dir", qdir};
+  Result r = run_gpurun(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string run = qdir + "/runs/seed-2";
+  const std::string final_ckpt = run + "/ckpt-e0002-s0000020";
+  const std::string previous = run + "/ckpt-e0001-s0000016";
+  const std::string digest = inspect(run).value("model_digest", "");
+  ASSERT_EQ(inspect(run).value("global_step", -1), 20);
+  for (int64_t at : {100, 101, 102, 103}) flip_byte(final_ckpt + "/model.pt", at);
+
+  r = run_gpurun({"export", run, "--to", dir / "s2.pt"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "the newest checkpoint " + final_ckpt +
+                                  " (global step 20) does not "
+                                  "verify (model.pt: xxh3 mismatch"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, previous + " (global step 16): export it with --step 16")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "s2.pt"));
+  r = run_gpurun({"export", run, "--to", dir / "s2.pt", "--step", "16"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "ckpt-e0001-s0000016 (global step 16")) << r.out;
+  r = run_gpurun({"export", final_ckpt, "--to", dir / "s2.pt"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // the folder named: it must verify
+
+  // A flip keeps every size: status and report say they did not read the checksums.
+  r = run_gpurun({"status", qdir});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "checksums not read")) << r.out;
+  r = run_gpurun({"status", run});
+  EXPECT_TRUE(contains(r.out, "ckpt-e0002-s0000020 (sizes match; checksums not read)")) << r.out;
+  // A truncated file is found by its size.
+  std::filesystem::resize_file(final_ckpt + "/trainer.pt", 7);
+  r = run_gpurun({"status", qdir});
+  EXPECT_TRUE(contains(r.out, "DAMAGED")) << r.out;
+  EXPECT_TRUE(contains(r.out, "seed-2: DAMAGED: ckpt-e0002-s0000020 (trainer.pt: size 7")) << r.out;
+  r = run_gpurun({"status", qdir, "--json"});
+  const nlohmann::json status = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(status.is_object()) << r.out;
+  EXPECT_TRUE(contains(status["runs"][0]["summary"].value("checkpoint", ""), "trainer.pt: size 7"))
+      << r.out;
+  r = run_gpurun({"status", run, "--json"});
+  const nlohmann::json one = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(one.is_object()) << r.out;
+  EXPECT_EQ(one["checkpoints"].value("ok", true), false) << r.out;
+  EXPECT_EQ(one["checkpoints"].value("newest_complete", ""), "ckpt-e0001-s0000016") << r.out;
+  r = run_gpurun({"report", qdir, "--out", dir / "q.html"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(slurp(dir / "q.html"), "DAMAGED: ckpt-e0002-s0000020")) << r.err;
+  r = run_gpurun({"report", run, "--out", dir / "r.html"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(slurp(dir / "r.html"), "finished, but its final checkpoint is not intact"));
+
+  // The same queue command: seed-2 is trained again from step 16, to the same weights.
+  r = run_gpurun(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "seed-2 finished, but its final checkpoint is not intact")) << r.err;
+  const std::vector<nlohmann::json> resumes = events(run, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0].value("global_step", -1), 16);
+  EXPECT_EQ(run_record(qdir, "seed-2").value("state", ""), "finished");
+  EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
+  EXPECT_TRUE(std::filesystem::is_directory(final_ckpt + ".damaged"));
+  EXPECT_EQ(inspect(run).value("model_digest", ""), digest);
+  EXPECT_EQ(run_gpurun({"ckpt", "verify", run}).exit_code, 0);
+  r = run_gpurun({"export", run, "--to", dir / "s2.pt"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "(global step 20, model_digest " + digest)) << r.out;
+
+  // Once intact, it is skipped.
+  r = run_gpurun(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
 }
 
 }  // namespace

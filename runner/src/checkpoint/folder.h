@@ -30,12 +30,6 @@ bool is_plain_name(const std::string& name);
 /// when `dir` does not exist.
 std::vector<std::string> checkpoint_folders(const std::string& dir);
 
-/// Reads and checks PATH/manifest.json into `info` (manifest, epoch, global step), and its bytes
-/// into `text_out` when given. Returns the problem that makes the checkpoint incomplete, "" when
-/// the manifest is usable.
-std::string read_manifest(const std::string& path, ReadErrors read_errors, CheckpointInfo& info,
-                          std::string* text_out = nullptr);
-
 /// A file's entry in a manifest's files table.
 struct FileEntry {
   int64_t bytes = 0;

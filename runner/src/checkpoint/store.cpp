@@ -1,6 +1,7 @@
 #include "checkpoint/store.h"
 
 #include "checkpoint/folder.h"
+#include "checkpoint/manifest.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -17,7 +17,6 @@
 #include <system_error>
 
 #include <spdlog/spdlog.h>
-#include <torch/version.h>  // TORCH_VERSION only; this file must not pull in torch/torch.h
 
 #include "gpurun/errors.h"
 #include "util/bracket.h"
@@ -25,7 +24,6 @@
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/text.h"
-#include "util/version.h"
 
 namespace gpurun {
 namespace {
@@ -36,15 +34,6 @@ using Files = std::vector<std::pair<std::string, std::string>>;
 using namespace checkpoint_folder;
 
 std::string pid_string() { return std::to_string(::getpid()); }
-
-std::string utc_now_iso8601() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // The files table of a new checkpoint's manifest: {name: {bytes, xxh3}}. Throws
 // std::invalid_argument for a file name that is not one plain path component, the manifest's
@@ -59,28 +48,6 @@ json hash_files(const Files& snapshot_files) {
     files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
   }
   return files;
-}
-
-// The manifest of a new checkpoint; format_version first, as the first thing a reader checks.
-nlohmann::ordered_json make_manifest(const CheckpointMeta& meta, const json& files) {
-  nlohmann::ordered_json m;
-  m["format_version"] = kCheckpointFormatVersion;
-  m["gpurun_version"] = gpurun_version();
-  m["torch_version"] = TORCH_VERSION;
-  m["created"] = utc_now_iso8601();
-  m["epoch"] = meta.epoch;
-  m["global_step"] = meta.global_step;
-  m["position_in_epoch"] = meta.position_in_epoch;
-  m["world_size"] = meta.world_size;
-  m["config_hash"] = meta.config_hash;
-  m["model_digest"] = meta.model_digest;
-  m["threads"] = meta.threads;
-  m["cpu_capability"] = meta.cpu_capability;
-  m["config"] = meta.config;
-  m["plan"] = meta.plan;
-  m["extra"] = meta.extra;
-  m["files"] = files;
-  return m;
 }
 
 // Renames DIR/NAME out of the way (to a .tmp-del-* name that readers ignore and
@@ -117,16 +84,16 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
   const json files = hash_files(snapshot.files);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
-  return commit(
-      name, files, {"before_rename", "before_latest", ++saves_}, [&](const std::string& tmp) {
-        int64_t bytes = 0;
-        for (const auto& [file_name, data] : snapshot.files) {
-          fs::write_file(join(tmp, file_name), data);
-          bytes += static_cast<int64_t>(data.size());
-        }
-        fs::write_file(join(tmp, kManifest), make_manifest(snapshot.meta, files).dump(2) + "\n");
-        return bytes;
-      });
+  return commit(name, files, {"before_rename", "before_latest", ++saves_},
+                [&](const std::string& tmp) {
+                  int64_t bytes = 0;
+                  for (const auto& [file_name, data] : snapshot.files) {
+                    fs::write_file(join(tmp, file_name), data);
+                    bytes += static_cast<int64_t>(data.size());
+                  }
+                  fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
+                  return bytes;
+                });
 }
 
 SaveResult CheckpointStore::copy_from(const std::string& folder,
@@ -135,8 +102,8 @@ SaveResult CheckpointStore::copy_from(const std::string& folder,
   source.path = folder;
   source.name = stdfs::path(folder).lexically_normal().filename().string();
   // The manifest travels unchanged: both tiers then describe the same checkpoint, byte for byte.
-  std::string manifest_text;
-  const std::string problem = read_manifest(folder, ReadErrors::kThrow, source, &manifest_text);
+  std::string manifest_bytes;
+  const std::string problem = read_manifest(folder, ReadErrors::kThrow, source, &manifest_bytes);
   if (!problem.empty() || !is_checkpoint_folder_name(source.name)) {
     throw ResumeError("checkpoint " + folder + " cannot be copied: " +
                       (problem.empty() ? "not a checkpoint folder name" : problem));
@@ -167,7 +134,7 @@ SaveResult CheckpointStore::copy_from(const std::string& folder,
                     }
                     bytes += n;
                   }
-                  fs::write_file(join(tmp, kManifest), manifest_text);
+                  fs::write_file(join(tmp, kManifest), manifest_bytes);
                   return bytes;
                 });
 }
@@ -282,15 +249,12 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(bool verify) {
   if (all.empty()) {
     // Only checkpoints set aside as damaged (by an earlier resume): starting fresh would
     // silently throw that run away, the more so in a restart loop. A person decides.
-    std::vector<std::string> aside;
-    for (const auto& name : fs::list_dir(dir_)) {
-      if (starts_with(name, "ckpt-") && !is_checkpoint_folder_name(name)) aside.push_back(name);
-    }
+    const std::vector<CheckpointInfo> aside = view_.set_aside();
     if (aside.empty()) return std::nullopt;
     std::string message = "no complete checkpoint in " + dir_ +
                           ", only checkpoints set aside as "
                           "damaged by an earlier resume:";
-    for (const auto& name : aside) message += "\n  " + printable(name);
+    for (const auto& info : aside) message += "\n  " + printable(info.name);
     throw ResumeError(message +
                       "\nrefusing to start over and lose that run; check the storage "
                       "(`gpurun ckpt list " +
@@ -330,6 +294,12 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(bool verify) {
     throw ResumeError(message);
   }
 
+  if (!loaded->info.sealed)
+    spdlog::warn(
+        "checkpoint {} has a manifest of format_version 1, which carries no checksum of its "
+        "own: only its epoch and global step were checked against the folder's name (the "
+        "checkpoints this run writes from now on are sealed)",
+        loaded->info.path);
   // LATEST is a hint for people and scripts; the newest verifying checkpoint decides.
   const LatestFile latest = view_.latest();
   if (!latest.names(loaded->info.name)) {

@@ -25,7 +25,9 @@
 namespace gpurun {
 
 /// Version of the checkpoint layout and manifest; bumped on incompatible change.
-inline constexpr int kCheckpointFormatVersion = 1;
+/// 2: the manifest carries a checksum of its own (checkpoint/manifest.h); 1 (read, with the
+/// folder name's check alone) has none.
+inline constexpr int kCheckpointFormatVersion = 2;
 
 /// What a checkpoint records besides its data files (all stored in manifest.json).
 struct CheckpointMeta {
@@ -51,14 +53,19 @@ struct CheckpointSnapshot {
 
 /// A checkpoint found on disk.
 struct CheckpointInfo {
-  std::string name;          ///< folder name, e.g. ckpt-e0001-s0000120
-  std::string path;          ///< DIR/name
-  bool complete = false;     ///< manifest present and every file's size and xxh3 match
+  std::string name;  ///< folder name, e.g. ckpt-e0001-s0000120
+  std::string path;  ///< DIR/name
+  /// The manifest verifies (its own xxh3, its epoch and step those of the folder's name) and
+  /// every file's size, and when checked its xxh3, match it.
+  bool complete = false;
   std::string problem;       ///< why it is not complete ("model.pt: checksum mismatch")
   nlohmann::json manifest;   ///< parsed manifest.json when readable, else null
   int64_t epoch = -1;        ///< from the manifest, or from the name when it is unreadable
   int64_t global_step = -1;  ///< from the manifest, or from the name when it is unreadable
   int64_t bytes = 0;         ///< total size of its files
+  /// The manifest carries a checksum of its own and it matched; false for a manifest of
+  /// format_version 1, which has none (only its folder name's epoch and step were checked).
+  bool sealed = false;
 };
 
 /// A checkpoint chosen to be loaded (its files' sizes checked, or their checksums too): its
@@ -128,6 +135,30 @@ enum class ReadErrors {
             ///< failed for a moment
 };
 
+/// A checkpoint directory at a glance: what `gpurun status`, `gpurun report`, `gpurun export` and
+/// the queue say of it (CheckpointView::summary()).
+struct CheckpointSummary {
+  bool checksums = false;  ///< the files' xxh3 were read; false: their sizes only
+  /// The newest checkpoint that verifies (as `checksums` says): the one a resume takes.
+  std::optional<CheckpointInfo> newest_complete;
+  /// The ckpt-* folders newer than newest_complete, newest first, each with its problem.
+  std::vector<CheckpointInfo> newer_damaged;
+  /// The folders set aside as damaged (NAME.damaged), oldest first (CheckpointView::set_aside()).
+  std::vector<CheckpointInfo> set_aside;
+
+  /// The newest ckpt-* folder, complete or not; null when there is none.
+  const CheckpointInfo* newest() const;
+  /// The newest folder set aside whose step is above newest_complete's (all steps after the
+  /// newest complete checkpoint that a resume found damaged); null when there is none.
+  const CheckpointInfo* lost() const;
+  /// True when there is a checkpoint, the newest verifies and none newer was set aside.
+  bool ok() const { return newest_complete && newer_damaged.empty() && !lost(); }
+  /// One line, names escaped: "ckpt-e0002-s0000200 (sizes match; checksums not read)",
+  /// "DAMAGED: ckpt-e0002-s0000200 (model.pt: missing); a resume takes ckpt-e0001-s0000185
+  /// (verified)", with "; 1 set aside as damaged (ckpt-....damaged)" when some are, or "none".
+  std::string describe() const;
+};
+
 /// A read-only view of a checkpoint directory (the layout at the top of this file): what is
 /// there, what verifies, what LATEST says. It never writes, renames or deletes anything, so it
 /// is safe on a directory a live run is writing. The one reader of that layout: the store
@@ -140,9 +171,22 @@ class CheckpointView {
   const std::string& dir() const { return dir_; }
 
   /// Every ckpt-* folder (damaged and .tmp-* excluded), oldest first by global step. With
-  /// `verify`, each file's checksum is checked; without, only sizes against the manifest.
+  /// `verify`, each file's checksum is checked; without, only sizes against the manifest (whose
+  /// own checksum is always checked). A folder that retention deleted while it was examined is
+  /// left out.
   /// Throws IoError when DIR cannot be listed, or (kThrow) a file cannot be read.
   std::vector<CheckpointInfo> list(bool verify) const;
+
+  /// The folders a resume set aside as damaged (NAME.damaged, NAME.damaged.N), oldest first by
+  /// the step their name carries: name, path, epoch and global step (-1 when the name has
+  /// none), problem "set aside as damaged". Nothing inside them is read. Throws IoError when
+  /// DIR cannot be listed.
+  std::vector<CheckpointInfo> set_aside() const;
+
+  /// DIR at a glance: with `verify` the checksums of the newest checkpoints are read, as far
+  /// back as the newest that verifies; without, every folder's manifest and sizes (list(false)).
+  /// Throws IoError as list().
+  CheckpointSummary summary(bool verify) const;
 
   /// True when DIR holds at least one ckpt-* folder (complete or not). Throws IoError.
   bool has_checkpoints() const;

@@ -1,4 +1,5 @@
 #include "checkpoint/folder.h"
+#include "checkpoint/manifest.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -22,18 +23,6 @@ namespace {
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
 using namespace checkpoint_folder;
-
-template <typename T>
-T get_field(const json& m, const char* key) {
-  const auto it = m.find(key);
-  if (it == m.end()) throw ResumeError(std::string("manifest.json: missing field ") + key);
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    throw ResumeError(std::string("manifest.json: field ") + key + " has the wrong type (" +
-                      it->type_name() + ")");
-  }
-}
 
 // "model.pt: cannot be read (read DIR/model.pt: Input/output error (errno 5))", or the
 // IoError rethrown, as `read_errors` says.
@@ -100,46 +89,6 @@ std::vector<std::string> checkpoint_folders(const std::string& dir) {
     }
   }
   return names;
-}
-
-std::string read_manifest(const std::string& path, ReadErrors read_errors, CheckpointInfo& info,
-                          std::string* text_out) {
-  const std::string manifest_path = join(path, kManifest);
-  std::string text;
-  try {
-    const fs::FileStatus status = fs::status(manifest_path);
-    if (status.size < 0) return "manifest.json missing";
-    if (!status.regular) return "manifest.json: not a regular file";
-    text = fs::read_file(manifest_path);
-  } catch (const IoError& e) {
-    if (e.error_number() == ENOENT) return "manifest.json missing";
-    return unreadable(kManifest, e, read_errors);
-  }
-  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded()) {
-    return "manifest.json: not valid JSON (" + std::to_string(text.size()) + " bytes)";
-  }
-  if (!m.is_object()) return "manifest.json: not a JSON object";
-  info.manifest = m;
-  const auto epoch = m.find("epoch");
-  if (epoch != m.end() && epoch->is_number_integer()) info.epoch = epoch->get<int64_t>();
-  const auto version = m.find("format_version");
-  if (version == m.end() || !version->is_number_integer()) {
-    return "manifest.json: no integer format_version";
-  }
-  if (version->get<int64_t>() > kCheckpointFormatVersion) {
-    return "manifest.json: format_version " + std::to_string(version->get<int64_t>()) +
-           " is newer than the " + std::to_string(kCheckpointFormatVersion) + " this gpurun reads";
-  }
-  try {
-    info.global_step = meta_from_manifest(m).global_step;
-  } catch (const ResumeError& e) {
-    return e.what();
-  }
-  const auto files = m.find("files");
-  if (files == m.end() || !files->is_object()) return "manifest.json: no files table";
-  if (text_out) *text_out = std::move(text);
-  return "";
 }
 
 std::string parse_entry(const std::string& name, const json& entry, FileEntry& out) {
@@ -246,34 +195,18 @@ std::pair<int64_t, std::string> LoadedCheckpoint::expected(const std::string& na
   return {entry.bytes, entry.xxh3};
 }
 
-CheckpointMeta meta_from_manifest(const nlohmann::json& manifest) {
-  if (!manifest.is_object()) throw ResumeError("manifest.json: not a JSON object");
-  CheckpointMeta meta;
-  meta.epoch = get_field<int64_t>(manifest, "epoch");
-  meta.global_step = get_field<int64_t>(manifest, "global_step");
-  meta.position_in_epoch = get_field<int64_t>(manifest, "position_in_epoch");
-  meta.world_size = get_field<int64_t>(manifest, "world_size");
-  meta.config_hash = get_field<std::string>(manifest, "config_hash");
-  meta.config = get_field<json>(manifest, "config");
-  meta.model_digest = get_field<std::string>(manifest, "model_digest");
-  // Kept optional, so a manifest edited by hand or written by an older 1.x still loads.
-  if (manifest.contains("plan")) meta.plan = get_field<json>(manifest, "plan");
-  if (manifest.contains("threads")) meta.threads = get_field<int64_t>(manifest, "threads");
-  if (manifest.contains("cpu_capability")) {
-    meta.cpu_capability = get_field<std::string>(manifest, "cpu_capability");
-  }
-  if (manifest.contains("extra")) meta.extra = get_field<json>(manifest, "extra");
-  return meta;
-}
-
 CheckpointView::CheckpointView(std::string dir, ReadErrors read_errors)
     : dir_(std::move(dir)), read_errors_(read_errors) {}
 
 std::vector<CheckpointInfo> CheckpointView::list(bool verify) const {
   std::vector<CheckpointInfo> out;
   for (const auto& name : checkpoint_folders(dir_)) {
-    out.push_back(
-        examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes, read_errors_));
+    CheckpointInfo info =
+        examine(join(dir_, name), verify ? Check::kChecksums : Check::kSizes, read_errors_);
+    // Deleted by a live run's retention meanwhile (renamed to .tmp-del-*): no longer there.
+    std::error_code ec;
+    if (!info.complete && !stdfs::exists(info.path, ec)) continue;
+    out.push_back(std::move(info));
   }
   std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
@@ -281,17 +214,84 @@ std::vector<CheckpointInfo> CheckpointView::list(bool verify) const {
   return out;
 }
 
+std::vector<CheckpointInfo> CheckpointView::set_aside() const {
+  std::vector<CheckpointInfo> out;
+  for (const auto& name : fs::list_dir(dir_)) {
+    if (!starts_with(name, "ckpt-") || is_checkpoint_folder_name(name)) continue;
+    CheckpointInfo info;
+    info.name = name;
+    info.path = join(dir_, name);
+    info.problem = "set aside as damaged";
+    if (const auto parsed = parse_checkpoint_name(name)) {
+      info.epoch = parsed->epoch;
+      info.global_step = parsed->global_step;
+    }
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.global_step != b.global_step ? a.global_step < b.global_step : a.name < b.name;
+  });
+  return out;
+}
+
+CheckpointSummary CheckpointView::summary(bool verify) const {
+  CheckpointSummary s;
+  s.checksums = verify;
+  const std::vector<CheckpointInfo> all = list(/*verify=*/false);
+  for (auto it = all.rbegin(); it != all.rend() && !s.newest_complete; ++it) {
+    CheckpointInfo info =
+        verify && it->complete ? examine(it->path, Check::kChecksums, read_errors_) : *it;
+    if (info.complete)
+      s.newest_complete = std::move(info);
+    else
+      s.newer_damaged.push_back(std::move(info));
+  }
+  s.set_aside = set_aside();
+  return s;
+}
+
+const CheckpointInfo* CheckpointSummary::newest() const {
+  if (!newer_damaged.empty()) return &newer_damaged.front();
+  return newest_complete ? &*newest_complete : nullptr;
+}
+
+const CheckpointInfo* CheckpointSummary::lost() const {
+  const int64_t complete = newest_complete ? newest_complete->global_step : -1;
+  return !set_aside.empty() && set_aside.back().global_step > complete ? &set_aside.back()
+                                                                       : nullptr;
+}
+
+std::string CheckpointSummary::describe() const {
+  const std::string how = checksums ? "verified" : "sizes match; checksums not read";
+  std::string text;
+  if (!newer_damaged.empty()) {
+    const CheckpointInfo& newest = newer_damaged.front();
+    text = "DAMAGED: " + printable(newest.name) + " (" + printable(newest.problem) + ")";
+    if (newer_damaged.size() > 1)
+      text += " and " + std::to_string(newer_damaged.size() - 1) + " older";
+    text += newest_complete
+                ? "; a resume takes " + printable(newest_complete->name) + " (" + how + ")"
+                : "; no checkpoint is complete";
+  } else if (newest_complete) {
+    text = printable(newest_complete->name) + " (" + how + ")";
+  } else {
+    text = "none";
+  }
+  if (const CheckpointInfo* newer = lost())
+    text += "; " + printable(newer->name) + ", newer, was set aside as damaged";
+  else if (!set_aside.empty())
+    text += "; " + std::to_string(set_aside.size()) + " older set aside as damaged";
+  return text;
+}
+
 bool CheckpointView::has_checkpoints() const { return !checkpoint_folders(dir_).empty(); }
 
 std::optional<CheckpointInfo> CheckpointView::newest_complete() const {
-  const std::vector<CheckpointInfo> all = list(/*verify=*/false);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    CheckpointInfo info = it->complete ? examine(it->path, Check::kChecksums, read_errors_) : *it;
-    if (info.complete) return info;
+  CheckpointSummary s = summary(/*verify=*/true);
+  for (const CheckpointInfo& info : s.newer_damaged)
     spdlog::warn("skipping {}, which does not verify ({}); trying the previous checkpoint",
                  printable(info.name), info.problem);
-  }
-  return std::nullopt;
+  return std::move(s.newest_complete);
 }
 
 const CheckpointInfo* CheckpointView::newest_complete(const std::vector<CheckpointInfo>& infos) {

@@ -171,6 +171,7 @@ class QueueRunner {
           rec.error.clear();
         }
       }
+      if (rec.state == RunState::kFinished) check_final_checkpoint(rec);
       state_.runs.push_back(std::move(rec));
     }
     if (old) {
@@ -182,6 +183,22 @@ class QueueRunner {
                        run_state_name(o.state), queue_.path, run_dir_of(options_.dir, o.name));
       }
     }
+  }
+
+  /// A finished run is skipped only while the final checkpoint it saved verifies, checksums
+  /// read: otherwise its result is gone (four bytes of model.pt changed), and it is trained
+  /// again from its newest good checkpoint, which is exact (its resume sets the damaged one
+  /// aside).
+  void check_final_checkpoint(RunRecord& rec) const {
+    const RunCheckpoints checked =
+        check_run_checkpoints(run_dir_of(options_.dir, rec.name), /*verify=*/true);
+    if (checked.problem.empty()) return;
+    spdlog::warn(
+        "queue: {} finished, but its final checkpoint is not intact: {}; training it again from "
+        "its newest good checkpoint",
+        rec.name, checked.problem);
+    rec.state = RunState::kInterrupted;
+    rec.error = "its final checkpoint was damaged: " + checked.problem;
   }
 
   static std::string describe_sets(const std::vector<std::string>& sets) {

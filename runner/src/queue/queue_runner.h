@@ -30,6 +30,11 @@
 //   config or its sets give train.threads. The count is fixed at a run's first start, so that
 //   its resumes train with the same threads (bit identity on CPU, docs/architecture.md
 //   "Determinism").
+// - A finished run (its own `done` exit 0, or queue.json's record) is skipped only when its final
+//   checkpoint verifies, checksums read (check_run_checkpoints()): one that does not, one set
+//   aside, or none newer than the last it saved sends it back to interrupted, so that it is
+//   trained again from its newest good checkpoint (--resume sets the damaged one aside). This
+//   reads each finished run's final checkpoint once per invocation.
 // - A finished or started run keeps its definition: a queue file that changes a started run's
 //   config or sets is refused; a new run added to the file is simply pending.
 // - DIR is flock(2)ed (DIR/queue.lock) for the queue's lifetime: a second queue on DIR is

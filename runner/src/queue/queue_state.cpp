@@ -1,8 +1,10 @@
 #include "queue/queue_state.h"
 
 #include <cerrno>
+#include <filesystem>
 #include <sstream>
 
+#include "checkpoint/store.h"
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/fs.h"
@@ -142,13 +144,51 @@ RunMetrics read_run_metrics(const std::string& run_dir) {
     const bool done = line.find("\"done\"") != std::string::npos;
     const bool epoch = line.find("\"epoch\":") != std::string::npos &&
                        line.find("\"event\":\"epoch\"") != std::string::npos;
-    if (!done && !epoch) continue;
+    const bool checkpoint = line.find("\"event\":\"checkpoint\"") != std::string::npos;
+    if (!done && !epoch && !checkpoint) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) continue;
     const std::string event = j.value("event", "");
     if (event == "done" && j.contains("exit_code") && j["exit_code"].is_number_integer())
       out.done_exit_code = j["exit_code"].get<int>();
     if (event == "epoch") out.last_epoch = j;
+    if (event == "checkpoint" && j.contains("global_step") && j["global_step"].is_number_integer())
+      out.last_checkpoint_step = j["global_step"].get<int64_t>();
+  }
+  return out;
+}
+
+std::string checkpoint_dir_of(const std::string& run_dir) {
+  try {
+    const nlohmann::json s =
+        nlohmann::json::parse(fs::read_file(run_dir + "/status.json"), nullptr, false);
+    for (const char* key : {"last_network_checkpoint", "last_checkpoint"}) {
+      if (!s.is_object() || !s.contains(key) || !s[key].is_string()) continue;
+      const std::filesystem::path folder = s[key].get<std::string>();
+      if (folder.has_parent_path()) return folder.parent_path().string();
+    }
+  } catch (const std::exception&) {
+    // No status.json (yet): the run directory is the checkpoint directory by default.
+  }
+  return run_dir;
+}
+
+RunCheckpoints check_run_checkpoints(const std::string& run_dir, bool verify) {
+  RunCheckpoints out;
+  out.dir = checkpoint_dir_of(run_dir);
+  out.summary = CheckpointView(out.dir).summary(verify);
+  // A finished run's final checkpoint is in --ckpt (a local tier's copy arrived before its exit
+  // 0); while a run goes on, its newest state may be in the local tier alone.
+  const RunMetrics metrics = read_run_metrics(run_dir);
+  const int64_t saved = metrics.done_exit_code == 0 && metrics.last_checkpoint_step
+                            ? *metrics.last_checkpoint_step
+                            : -1;
+  const CheckpointSummary& s = out.summary;
+  if (!s.ok() && (s.newest() || s.lost() || saved >= 0)) {
+    out.problem = s.newest() || s.lost() ? s.describe() : "no checkpoint in " + out.dir;
+  } else if (saved >= 0 && s.newest_complete && s.newest_complete->global_step < saved) {
+    out.problem = "its newest checkpoint, " + s.newest_complete->name + ", is older than the " +
+                  "global step " + std::to_string(saved) + " it saved last";
   }
   return out;
 }

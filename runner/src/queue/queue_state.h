@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/store.h"
+
 namespace gpurun {
 
 /// pending: not started; running: a child trains it (or did, when the queue died);
@@ -78,12 +80,35 @@ std::string run_dir_of(const std::string& dir, const std::string& name);
 
 /// What a run's metrics.jsonl says of its end.
 struct RunMetrics {
-  std::optional<int> done_exit_code;         ///< the last `done` event's exit_code
-  std::optional<nlohmann::json> last_epoch;  ///< the last `epoch` event
+  std::optional<int> done_exit_code;            ///< the last `done` event's exit_code
+  std::optional<nlohmann::json> last_epoch;     ///< the last `epoch` event
+  std::optional<int64_t> last_checkpoint_step;  ///< the last `checkpoint` event's global_step
 };
 
 /// Reads RUN_DIR/metrics.jsonl (missing: nothing known); lines that do not parse are skipped
 /// (a line cut by a SIGKILL). Throws nothing.
 RunMetrics read_run_metrics(const std::string& run_dir);
+
+/// The checkpoint directory of the run whose run directory is RUN_DIR: the folder of
+/// status.json's last_network_checkpoint or last_checkpoint, else RUN_DIR itself (the default
+/// --ckpt). Throws nothing.
+std::string checkpoint_dir_of(const std::string& run_dir);
+
+/// What a run's checkpoints say of the state it saved last.
+struct RunCheckpoints {
+  std::string dir;            ///< checkpoint_dir_of(run_dir)
+  CheckpointSummary summary;  ///< of `dir` (checkpoint/store.h)
+  /// Why the newest state the run saved cannot be resumed or exported as it is, "" when it can
+  /// (or the run saved nothing yet): its newest checkpoint does not verify, a newer one was set
+  /// aside as damaged, or, for a run whose last `done` is exit 0, none is left or the newest is
+  /// older than its final one (the last `checkpoint` event of metrics.jsonl).
+  std::string problem;
+};
+
+/// Checks RUN_DIR's checkpoints: with `verify` the checksums of the newest (the queue's check of
+/// a finished run before it is skipped), without only manifests and sizes (`gpurun status` and
+/// `gpurun report`, which must stay quick). Throws IoError when the checkpoint directory cannot
+/// be listed, or (`verify`) a file read fails.
+RunCheckpoints check_run_checkpoints(const std::string& run_dir, bool verify);
 
 }  // namespace gpurun

@@ -51,7 +51,15 @@ std::string queue_liveness(const QueueState& s) {
 std::vector<SummaryRow> summary_rows(const std::string& dir, const QueueState& state) {
   std::vector<SummaryRow> rows;
   for (const RunRecord& r : state.runs) {
-    SummaryRow row{r, 0, kNaN, kNaN, kNaN};
+    SummaryRow row{r, 0, kNaN, kNaN, kNaN, ""};
+    try {
+      const RunCheckpoints checked = check_run_checkpoints(run_dir_of(dir, r.name), false);
+      row.checkpoint = !checked.problem.empty()          ? checked.problem
+                       : checked.summary.newest_complete ? "ok"
+                                                         : "";
+    } catch (const IoError& e) {
+      row.checkpoint = std::string("cannot be read: ") + e.what();
+    }
     const RunMetrics m = read_run_metrics(run_dir_of(dir, r.name));
     if (m.last_epoch) {
       const nlohmann::json& e = *m.last_epoch;
@@ -67,14 +75,19 @@ std::vector<SummaryRow> summary_rows(const std::string& dir, const QueueState& s
 }
 
 void print_summary_table(const std::vector<SummaryRow>& rows, std::ostream& out) {
-  std::vector<std::vector<std::string>> cells = {
-      {"run", "seed", "state", "exit", "restarts", "wall", "epochs", "eval_loss", "eval_acc"}};
+  std::vector<std::vector<std::string>> cells = {{"run", "seed", "state", "exit", "restarts",
+                                                  "wall", "epochs", "eval_loss", "eval_acc",
+                                                  "checkpoint"}};
+  std::string damaged;
   for (const SummaryRow& row : rows) {
     const RunRecord& r = row.run;
-    cells.push_back(
-        {r.name, seed_text(r), run_state_name(r.state), exit_text(r), std::to_string(r.restarts),
-         r.attempts > 0 ? format_duration(r.wall_seconds) : "", std::to_string(row.epochs),
-         fixed(row.eval_loss, "%.4f"), fixed(row.eval_accuracy, "%.4f")});
+    const bool ok = row.checkpoint.empty() || row.checkpoint == "ok";
+    cells.push_back({r.name, seed_text(r), run_state_name(r.state), exit_text(r),
+                     std::to_string(r.restarts),
+                     r.attempts > 0 ? format_duration(r.wall_seconds) : "",
+                     std::to_string(row.epochs), fixed(row.eval_loss, "%.4f"),
+                     fixed(row.eval_accuracy, "%.4f"), ok ? row.checkpoint : "DAMAGED"});
+    if (!ok) damaged += r.name + ": " + row.checkpoint + "\n";
   }
   std::vector<size_t> width(cells[0].size(), 0);
   for (const auto& line : cells)
@@ -85,11 +98,14 @@ void print_summary_table(const std::vector<SummaryRow>& rows, std::ostream& out)
       std::string cell = line[i].empty() ? "-" : line[i];
       // Names and states read left-aligned, numbers right-aligned.
       const std::string pad(width[i] - std::min(width[i], cell.size()), ' ');
-      text += (i == 0 ? "" : "  ") + (i < 3 ? cell + pad : pad + cell);
+      text += (i == 0 ? "" : "  ") + (i < 3 || i + 1 == line.size() ? cell + pad : pad + cell);
     }
     while (!text.empty() && text.back() == ' ') text.pop_back();
     out << text << "\n";
   }
+  out << damaged
+      << "(checkpoint: manifests and file sizes checked, checksums not read; `gpurun ckpt "
+         "verify` reads them)\n";
 }
 
 nlohmann::json summary_json(const std::vector<SummaryRow>& rows) {
@@ -99,24 +115,27 @@ nlohmann::json summary_json(const std::vector<SummaryRow>& rows) {
     const RunRecord& r = row.run;
     finished += r.state == RunState::kFinished;
     failed += r.state == RunState::kFailed;
-    runs.push_back({{"run", r.name},
-                    {"seed", r.seed ? nlohmann::json(*r.seed) : nlohmann::json()},
-                    {"state", run_state_name(r.state)},
-                    {"exit_code", r.exit_code < 0 ? nlohmann::json() : nlohmann::json(r.exit_code)},
-                    {"signal", r.signal},
-                    {"restarts", r.restarts},
-                    {"wall_seconds", r.wall_seconds},
-                    {"epochs", row.epochs},
-                    {"train_loss", or_null(row.train_loss)},
-                    {"eval_loss", or_null(row.eval_loss)},
-                    {"eval_accuracy", or_null(row.eval_accuracy)},
-                    {"error", r.error}});
+    runs.push_back(
+        {{"run", r.name},
+         {"seed", r.seed ? nlohmann::json(*r.seed) : nlohmann::json()},
+         {"state", run_state_name(r.state)},
+         {"exit_code", r.exit_code < 0 ? nlohmann::json() : nlohmann::json(r.exit_code)},
+         {"signal", r.signal},
+         {"restarts", r.restarts},
+         {"wall_seconds", r.wall_seconds},
+         {"epochs", row.epochs},
+         {"train_loss", or_null(row.train_loss)},
+         {"eval_loss", or_null(row.eval_loss)},
+         {"eval_accuracy", or_null(row.eval_accuracy)},
+         {"checkpoint", row.checkpoint.empty() ? nlohmann::json() : nlohmann::json(row.checkpoint)},
+         {"error", r.error}});
   }
   const int total = static_cast<int>(rows.size());
   return {{"runs", runs},
           {"finished", finished},
           {"failed", failed},
-          {"other", total - finished - failed}};
+          {"other", total - finished - failed},
+          {"checkpoints_checked", "sizes"}};
 }
 
 void write_summary(const std::string& dir, const std::vector<SummaryRow>& rows) {

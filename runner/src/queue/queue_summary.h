@@ -18,16 +18,23 @@ struct SummaryRow {
   RunRecord run;
   int64_t epochs = 0;
   double train_loss, eval_loss, eval_accuracy;
+  /// Its checkpoints by manifests and sizes, checksums not read (check_run_checkpoints()):
+  /// "ok", "" when it saved nothing, else the problem.
+  std::string checkpoint;
 };
 
-/// A row per run of `state`, the metrics read from DIR/runs/NAME/metrics.jsonl.
+/// A row per run of `state`, the metrics read from DIR/runs/NAME/metrics.jsonl, the checkpoints
+/// from DIR/runs/NAME (their sizes).
 std::vector<SummaryRow> summary_rows(const std::string& dir, const QueueState& state);
 
 /// The rows as an aligned table: run, seed, state, exit, restarts, wall, epochs, eval_loss,
-/// eval_accuracy.
+/// eval_accuracy, checkpoint ("ok", "DAMAGED" or "-"); then a line per damaged checkpoint with
+/// its problem, and one saying that the checksums were not read.
 void print_summary_table(const std::vector<SummaryRow>& rows, std::ostream& out);
 
-/// The rows as JSON: {"runs": [...], "finished": N, "failed": N, "other": N}; NaN as null.
+/// The rows as JSON: {"runs": [...], "finished": N, "failed": N, "other": N,
+/// "checkpoints_checked": "sizes"}; NaN as null; each run's "checkpoint" is "ok", its problem,
+/// or null when it saved nothing.
 nlohmann::json summary_json(const std::vector<SummaryRow>& rows);
 
 /// Writes DIR/summary.csv (header run,seed,state,exit_code,restarts,wall_seconds,epochs,

@@ -196,11 +196,27 @@ std::string run_state(const RunHistory& run, const Analysis& a) {
   return state;
 }
 
+/// The run's checkpoints, checked by manifests and sizes (queue/queue_state.h): the text of
+/// its row, and the problem ("" when none).
+std::pair<std::string, std::string> checkpoints_of(const std::string& run_dir) {
+  try {
+    const RunCheckpoints checked = check_run_checkpoints(run_dir, /*verify=*/false);
+    return {checked.summary.describe(), checked.problem};
+  } catch (const Error& e) {
+    return {std::string("cannot be read: ") + e.what(), e.what()};
+  }
+}
+
 json run_summary(const RunHistory& run, const Analysis& a) {
   json rows = json::array();
   const json& s = run.status;
   const std::string state = run_state(run, a);
-  rows.push_back({"state", state.empty() ? "unknown (no status.json)" : state});
+  const auto [checkpoints, problem] = checkpoints_of(run.dir);
+  rows.push_back({"state", state.empty()                             ? "unknown (no status.json)"
+                           : state == "finished" && !problem.empty() ? "finished, but its final "
+                                                                       "checkpoint is not intact"
+                                                                     : state});
+  rows.push_back({"checkpoints", checkpoints});
   if (s.is_object() && s.contains("host")) rows.push_back({"host", text_of(s["host"])});
   const int64_t total = s.is_object() ? s.value("total_steps", int64_t{0}) : 0;
   rows.push_back({"global step", total > 0 ? fmt::format("{} of {}", a.last_global_step, total)
@@ -223,6 +239,18 @@ json run_summary(const RunHistory& run, const Analysis& a) {
   rows.push_back({"wall time", fmt::format("{} (first to last event)",
                                            format_duration(a.last_time - a.first_time))});
   return rows;
+}
+
+/// A queue run's checkpoint cell: "ok", "-" when it saved nothing, else "DAMAGED: problem".
+std::string checkpoint_cell(const std::string& run_dir) {
+  try {
+    const RunCheckpoints checked = check_run_checkpoints(run_dir, /*verify=*/false);
+    const std::string& problem = checked.problem;
+    if (!problem.empty()) return problem.rfind("DAMAGED", 0) == 0 ? problem : "DAMAGED: " + problem;
+    return checked.summary.newest_complete ? "ok" : "-";
+  } catch (const Error& e) {
+    return std::string("cannot be read: ") + e.what();
+  }
 }
 
 json events_table(const Analysis& a) {
@@ -262,6 +290,11 @@ json notes_of(const RunHistory& run, const Analysis& a) {
           s->label, s->points.size(), s->drawn().size()));
   if (run.config.is_null())
     notes.push_back("no config.json in the run directory: the resolved config is not shown");
+  if (const std::string problem = checkpoints_of(run.dir).second; !problem.empty())
+    notes.push_back("the run's checkpoints are not intact: " + problem);
+  notes.push_back(
+      "checkpoints: manifests and file sizes checked, checksums not read (`gpurun ckpt verify` "
+      "reads them)");
   return notes;
 }
 
@@ -324,16 +357,20 @@ json queue_report_data(const std::string& dir) {
     const std::string exit = !(ended || interrupted) || r.attempts == 0 ? std::string()
                              : r.signal != 0                            ? signal_name(r.signal)
                                              : std::to_string(r.exit_code);
-    rows.push_back(
-        {r.name, r.seed ? std::to_string(*r.seed) : "",
-         interrupted ? "interrupted" : run_state_name(r.state), std::to_string(r.attempts),
-         std::to_string(r.restarts), exit,
-         r.wall_seconds > 0 ? format_duration(r.wall_seconds) : "",
-         a ? std::to_string(a->last_global_step) : "",
-         a && number(a->last_step, "loss") ? fmt::format("{:.4f}", *number(a->last_step, "loss"))
-                                           : "",
-         a && a->best_accuracy ? fmt::format("{:.4f}", *a->best_accuracy) : "", r.error});
+    rows.push_back({r.name, r.seed ? std::to_string(*r.seed) : "",
+                    interrupted ? "interrupted" : run_state_name(r.state),
+                    std::to_string(r.attempts), std::to_string(r.restarts), exit,
+                    r.wall_seconds > 0 ? format_duration(r.wall_seconds) : "",
+                    a ? std::to_string(a->last_global_step) : "",
+                    a && number(a->last_step, "loss")
+                        ? fmt::format("{:.4f}", *number(a->last_step, "loss"))
+                        : "",
+                    a && a->best_accuracy ? fmt::format("{:.4f}", *a->best_accuracy) : "",
+                    r.attempts > 0 ? checkpoint_cell(run_dir_of(dir, r.name)) : "", r.error});
   }
+  notes.push_back(
+      "checkpoint: manifests and file sizes checked, checksums not read (`gpurun ckpt verify "
+      "DIR/runs/NAME` reads them)");
   json charts = json::array();
   charts.push_back(
       chart("loss", "Train loss, one line per run", "step", "global step", "loss", loss, false));
@@ -351,11 +388,11 @@ json queue_report_data(const std::string& dir) {
           {"summary", summary},
           {"charts", charts},
           {"marks", json::array()},
-          {"tables",
-           json::array({table("Runs",
-                              {"run", "seed", "state", "attempts", "restarts", "exit", "wall",
-                               "global step", "last train loss", "best eval accuracy", "error"},
-                              rows)})}};
+          {"tables", json::array({table("Runs",
+                                        {"run", "seed", "state", "attempts", "restarts", "exit",
+                                         "wall", "global step", "last train loss",
+                                         "best eval accuracy", "checkpoint", "error"},
+                                        rows)})}};
 }
 
 }  // namespace gpurun

@@ -165,7 +165,7 @@ TEST_F(CheckpointDir, ManifestHoldsVersionsChecksumsAndEveryMetaField) {
   const CheckpointSnapshot snap = make_snapshot(2, 30);
   store.save(snap);
   const std::string text = gpurun::fs::read_file(path("ckpt-e0002-s0000030/manifest.json"));
-  EXPECT_EQ(text.rfind("{\n  \"format_version\": 1,", 0), 0u) << text.substr(0, 60);
+  EXPECT_EQ(text.rfind("{\n  \"format_version\": 2,", 0), 0u) << text.substr(0, 60);
   const json m = json::parse(text);
   EXPECT_EQ(m["format_version"], gpurun::kCheckpointFormatVersion);
   EXPECT_FALSE(m["gpurun_version"].get<std::string>().empty());
@@ -448,7 +448,7 @@ TEST_F(CheckpointDir, NewerFormatVersionIsNotComplete) {
   gpurun::fs::write_file(manifest, m.dump());
   const auto info = gpurun::CheckpointView::inspect(path("ckpt-e0000-s0000001"), false);
   EXPECT_FALSE(info.complete);
-  EXPECT_NE(info.problem.find("format_version 2"), std::string::npos) << info.problem;
+  EXPECT_NE(info.problem.find("format_version 3 is newer"), std::string::npos) << info.problem;
 }
 
 TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {
@@ -472,25 +472,74 @@ TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {
   EXPECT_NE(out.find(names[1]), std::string::npos) << out;
   EXPECT_NE(out.find("<- LATEST"), std::string::npos) << out;
   EXPECT_EQ(out.find(names[0] + "  "), out.find(names[0]));
-  EXPECT_NE(out.find("checksums are read by `gpurun ckpt verify`"), std::string::npos) << out;
+  EXPECT_NE(out.find("sizes ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("checksums were not read: `gpurun ckpt verify " + dir_ + "` reads them"),
+            std::string::npos)
+      << out;
 }
 
-TEST_F(CheckpointDir, CkptVerifyExitsZeroWhileOneVerifiesAndOneWhenNone) {
+// Issue 31, item 3: the folders a resume set aside are listed (by list and verify), and what
+// list checked is said; a truncated file is DAMAGED by the sizes alone.
+TEST_F(CheckpointDir, CkptListShowsTheFoldersSetAsideAndSaysTheChecksumsWereNotRead) {
   CheckpointStore store(dir_, 3);
-  const auto names = save_steps(store, 2);
+  const auto names = save_steps(store, 3);
+  truncate_file(path(names[2] + "/model.pt"), 10);
+  ASSERT_EQ(store.load_latest(false)->info.name, names[1]);  // sets names[2] aside
+  truncate_file(path(names[0] + "/optim.pt"), 10);
+  std::string out;
+  ASSERT_EQ(run("list", false, &out), 0);
+  EXPECT_NE(out.find(names[2] + ".damaged"), std::string::npos) << out;
+  EXPECT_NE(out.find("SET ASIDE as damaged by a resume"), std::string::npos) << out;
+  EXPECT_NE(out.find("DAMAGED: optim.pt: size 10 != 1000 in manifest"), std::string::npos) << out;
+  EXPECT_NE(out.find("checksums were not read"), std::string::npos) << out;
+  ASSERT_EQ(run("list", true, &out), 0);
+  json j = json::parse(out);
+  EXPECT_EQ(j["checked"], "sizes");
+  ASSERT_EQ(j["set_aside"].size(), 1u);
+  EXPECT_EQ(j["set_aside"][0]["name"], names[2] + ".damaged");
+  EXPECT_EQ(j["set_aside"][0]["global_step"], 3);
+  EXPECT_EQ(j["checkpoints"].size(), 2u);
+
+  EXPECT_EQ(run("verify", false, &out), 1);
+  EXPECT_NE(out.find("aside   " + names[2] + ".damaged"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 checkpoint(s) FAILED"), std::string::npos) << out;
+  EXPECT_EQ(run("verify", true, &out), 1);
+  j = json::parse(out);
+  EXPECT_EQ(j["failed"], 1);
+  EXPECT_EQ(j["set_aside"][0]["name"], names[2] + ".damaged");
+}
+
+// Issue 31, item 3: `gpurun ckpt verify DIR || alert` catches damage to any checkpoint, LATEST
+// (the one a resume takes) included, also while an older one verifies.
+TEST_F(CheckpointDir, CkptVerifyExitsOneWhenAnyCheckpointFails) {
+  CheckpointStore store(dir_, 3);
+  const auto names = save_steps(store, 3);
   std::string out;
   EXPECT_EQ(run("verify", true, &out), 0);
   json j = json::parse(out);
   EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["newest_complete"], names[2]);
+
+  flip_byte(path(names[0] + "/optim.pt"), 5);  // the oldest: the newest still verifies
+  EXPECT_EQ(run("verify", false, &out), 1);
+  EXPECT_NE(out.find("FAILED  " + names[0] + ": optim.pt: xxh3 mismatch"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("newest complete checkpoint: " + names[2]), std::string::npos) << out;
+  stdfs::remove_all(path(names[0]));
+
+  flip_byte(path(names[2] + "/trainer.pt"), 0);  // LATEST
+  EXPECT_EQ(run("verify", false, &out), 1);
+  EXPECT_NE(out.find("FAILED  " + names[2] + ": trainer.pt: xxh3 mismatch"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("newest complete checkpoint: " + names[1]), std::string::npos) << out;
+  EXPECT_EQ(run("verify", true, &out), 1);
+  j = json::parse(out);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["failed"], 1);
   EXPECT_EQ(j["newest_complete"], names[1]);
 
-  flip_byte(path(names[1] + "/trainer.pt"), 0);
-  EXPECT_EQ(run("verify", false, &out), 0);
-  EXPECT_NE(out.find("FAILED  " + names[1] + ": trainer.pt: xxh3 mismatch"), std::string::npos)
-      << out;
-  EXPECT_NE(out.find("newest complete checkpoint: " + names[0]), std::string::npos) << out;
-
-  truncate_file(path(names[0] + "/model.pt"), 0);
+  truncate_file(path(names[1] + "/model.pt"), 0);
   EXPECT_EQ(run("verify", true, &out), 1);
   j = json::parse(out);
   EXPECT_EQ(j["ok"], false);
@@ -790,7 +839,7 @@ TEST_F(CheckpointDir, CkptVerifyAndInspectGoOnPastAnUnreadableFile) {
   stdfs::remove(path(names[1] + "/model.pt"));
   stdfs::create_directories(path(names[1] + "/model.pt"));
   std::string out;
-  EXPECT_EQ(run("verify", false, &out), 0);
+  EXPECT_EQ(run("verify", false, &out), 1);
   EXPECT_NE(out.find("FAILED  " + names[1] + ": model.pt: not a regular file"), std::string::npos)
       << out;
   EXPECT_NE(out.find("ok      " + names[0]), std::string::npos) << out;
