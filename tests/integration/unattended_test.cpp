@@ -231,8 +231,15 @@ TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
                         {{"GPURUN_FAULT", "abort:after_step:7"}, {"GPURUN_FAULT_RESTART", "0,1"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
-  EXPECT_EQ(events(dir / "ckpt", "plan").size(), 3u);  // three runs of the worker
-  EXPECT_EQ(events(dir / "ckpt", "resume").size(), 2u);
+  // Three runs of the worker, counted by the supervisor: the events of a run that aborts a
+  // few milliseconds after its plan may not have reached metrics.jsonl (a background writer,
+  // under load), as after any abort.
+  size_t starts = 0;
+  for (size_t at = r.err.find("starting (restart"); at != std::string::npos;
+       at = r.err.find("starting (restart", at + 1))
+    ++starts;
+  EXPECT_EQ(starts, 3u) << r.err;
+  EXPECT_GE(events(dir / "ckpt", "resume").size(), 1u);  // the clean run's, at least
   EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
 }
 
