@@ -151,11 +151,18 @@ class CpuLoad {
   std::vector<std::thread> threads_;
 };
 
-/// The global_step of `ckpt`'s newest complete checkpoint (LATEST's folder), -1 when none.
-int64_t latest_step(const std::string& ckpt) {
-  const std::string latest = trimmed(slurp(ckpt + "/LATEST"));
-  if (latest.empty()) return -1;
-  return std::stoll(latest.substr(latest.rfind("-s") + 2));
+/// The global_step of `ckpt`'s newest complete checkpoint, -1 when none: the highest step of a
+/// folder under its final name (renamed once complete). Not LATEST's: a kill between a rename
+/// and LATEST's replacement leaves LATEST one checkpoint behind, and a resume takes the newer.
+int64_t newest_complete_step(const std::string& ckpt) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    newest = std::max<int64_t>(newest, std::stoll(name.substr(name.rfind("-s") + 2)));
+  }
+  return newest;
 }
 
 // Issue 31, item 6: gpu-check's row 9 (fp16, accumulation 2, SIGKILLed and resumed) once ended
@@ -189,7 +196,7 @@ TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninte
     const auto start = std::chrono::steady_clock::now();
     for (int attempt = 0; attempt < 20 && kills < 10; ++attempt) {
       const std::string log = dir / ("run" + std::to_string(attempt));
-      const int64_t resumed_at = std::max<int64_t>(latest_step(ckpt), 0);
+      const int64_t resumed_at = std::max<int64_t>(newest_complete_step(ckpt), 0);
       // Events of this process only: an earlier one may have logged steps past its checkpoint.
       const double started =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -215,7 +222,7 @@ TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninte
       }
       ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
       ++kills;
-      newest_at_kill.push_back(latest_step(ckpt));
+      newest_at_kill.push_back(newest_complete_step(ckpt));
       if (seen && !after_checkpoint &&
           newest_at_kill.back() < seen->value("global_step", int64_t{0}))
         ++kills_in_flight;
@@ -238,7 +245,8 @@ TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninte
   size_t r = 0;
   for (int64_t newest : newest_at_kill) {
     if (newest >= 0) {
-      EXPECT_EQ(resumes[r++].value("global_step", -1), newest);
+      EXPECT_EQ(resumes[r].value("global_step", -1), newest) << "resume " << r;
+      ++r;
     }
   }
   for (const nlohmann::json& plan : events(ckpt, "plan")) {
