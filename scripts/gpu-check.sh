@@ -10,8 +10,11 @@
 # Usage: scripts/gpu-check.sh [--device cuda|cpu] [--out DIR] [--build-dir DIR]
 #
 # The report, DIR/gpu-check.md, is written one row at a time (a run cut short keeps what it
-# measured): | check | result | figure |, result pass, fail or skipped. DIR/logs/ holds the
-# output of every step. Exit status: 0 when no row failed.
+# measured): | check | result | figure |, result pass, fail or skipped. Each run works in a
+# folder of its own, DIR/run-DATE-TIME-XXXX/ (logs/: the output of every step; work/: the
+# configs, checkpoints and metrics.jsonl of every run it trains): when every row passed, its
+# logs replace DIR/logs/ and the folder is removed; a run that failed or was cut short keeps it,
+# with a copy of its report, and no later run writes there. Exit status: 0 when no row failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -27,13 +30,27 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$device" in cuda|cpu) ;; *) echo "gpu-check: --device must be cuda or cpu" >&2; exit 2 ;; esac
-mkdir -p "$out/logs"
+mkdir -p "$out"
 out=$(cd "$out" && pwd)
 report=$out/gpu-check.md
-logs=$out/logs
-work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
+# This run's own folder: a failure's logs and checkpoints are never overwritten by the next run.
+run_dir=$(mktemp -d "$out/run-$(date -u +%Y%m%d-%H%M%S)-XXXX")
+logs=$run_dir/logs
+work=$run_dir/work
+mkdir -p "$logs" "$work"
+# A build from bundle/ is large and says nothing a log does not: it goes where it is removed.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")
+failures=0 completed=0
+finish() {
+  rm -rf "$scratch"
+  if [ "$completed" = 1 ] && [ "$failures" -eq 0 ]; then
+    rm -rf "$out/logs" && mv "$logs" "$out/logs" && rm -rf "$run_dir"
+  else
+    cp "$report" "$run_dir/" 2>/dev/null
+    echo "gpu-check: failed or cut short; this run's logs and work directory are kept in $run_dir" >&2
+  fi
+}
+trap finish EXIT
 start_time=$(date +%s)
 
 row() {  # row CHECK RESULT FIGURE
@@ -78,7 +95,7 @@ fi
 # --- build -------------------------------------------------------------------------------------
 data=/usr/share/datasets/fashion-mnist
 if [ -z "$build_dir" ]; then
-  build_dir=$work/build
+  build_dir=$scratch/build
   sysroot=$root/bundle/sysroot
   if [ ! -d "$sysroot" ]; then
     row "build" fail "no bundle/ (run scripts/gpu-bundle.sh on a development machine)"
@@ -120,6 +137,16 @@ YAML
   echo "$work/$1.yaml"
 }
 digest() { "$gpurun" ckpt inspect "$1" --json 2>/dev/null | json 'd["model_digest"]'; }
+# What a killed run's resume took: the checkpoint's step, and each process's plan and threads.
+resume_of() {
+  "$python" - "$1" <<'PY'
+import json, sys
+events = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.endswith("\n")]
+resumes = [e["global_step"] for e in events if e["event"] == "resume"]
+plans = [f"{e['micro_batch']}x{e['accumulation_steps']}" for e in events if e["event"] == "plan"]
+print(f"resumed at step {resumes[-1] if resumes else 'none'}, plans {' '.join(plans)}")
+PY
+}
 
 # --- 1. CUDA unit tests ------------------------------------------------------------------------
 if [ "$device" = cuda ]; then
@@ -209,16 +236,20 @@ fi
 # --- 5. SIGKILL mid-epoch, resume, equal model_digest ------------------------------------------
 cfg=$(config resume "{name: cnn}" "checkpoint: {every_steps: 8}")
 "$gpurun" "$cfg" --ckpt "$work/whole" --device "$device" >"$logs/resume-whole.log" 2>&1
+whole=$?
 # In a subshell, so that the shell does not print "Killed" for the expected SIGKILL.
 (GPURUN_FAULT=sigkill:after_step:21 exec "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" \
   >"$logs/resume-killed.log" 2>&1)
 killed=$?
 "$gpurun" "$cfg" --ckpt "$work/killed" --device "$device" --resume >"$logs/resume-resumed.log" 2>&1
+resumed=$?
 a=$(digest "$work/whole") b=$(digest "$work/killed")
-if [ "$killed" -eq 137 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
-  row "5. SIGKILL at step 21, resume" pass "model_digest $a = uninterrupted"
+# A run that did not finish leaves an earlier checkpoint's digest: the exits say which.
+if [ "$whole" -eq 0 ] && [ "$killed" -eq 137 ] && [ "$resumed" -eq 0 ] && [ -n "$a" ] &&
+   [ "$a" = "$b" ]; then
+  row "5. SIGKILL at step 21, resume" pass "model_digest $a = uninterrupted ($(resume_of "$work/killed"))"
 else
-  row "5. SIGKILL at step 21, resume" fail "killed run exit $killed; digests ${a:-none} vs ${b:-none}"
+  row "5. SIGKILL at step 21, resume" fail "exits $whole (whole), $killed (killed), $resumed (resumed); digests ${a:-none} vs ${b:-none}; $(resume_of "$work/killed")"
 fi
 
 # --- 6. throughput against a plain PyTorch loop ------------------------------------------------
@@ -261,6 +292,8 @@ else:
     print(f"pass async {ra * 1000:.1f} ms vs synchronous {rs * 1000:.1f} ms (ratio {ra / rs:.3f}, medians of {len(a)} and {len(s)})")
 PY
 )
+# A verdict that itself failed (a run left no metrics) is a failed row, not an empty one.
+[ -n "$verdict" ] || verdict="fail no verdict (a run left no metrics.jsonl); see logs/"
 row "7. checkpoint stall, async vs synchronous" "${verdict%% *}" "${verdict#* }"
 
 # --- 8. NCCL -----------------------------------------------------------------------------------
@@ -296,24 +329,33 @@ done
 amp=(--set train.precision=fp16 --set train.accumulation_steps=2)
 [ "$device" = cpu ] && amp+=(--set model.name=mlp)
 "$gpurun" "$cfg" --ckpt "$work/amp-fp16" --device "$device" "${amp[@]}" >"$logs/amp-fp16.log" 2>&1
+exits="$? "
 (GPURUN_FAULT=sigkill:after_step:21 exec "$gpurun" "$cfg" --ckpt "$work/amp-killed" \
   --device "$device" "${amp[@]}" >"$logs/amp-killed.log" 2>&1)
+exits+="$? "
 "$gpurun" "$cfg" --ckpt "$work/amp-killed" --device "$device" "${amp[@]}" --resume \
   >"$logs/amp-resumed.log" 2>&1
-verdict=$("$python" - "$work" "$(digest "$work/amp-fp16")" "$(digest "$work/amp-killed")" <<'PY'
+exits+="$?"
+verdict=$("$python" - "$work" "$(digest "$work/amp-fp16")" "$(digest "$work/amp-killed")" "$exits" \
+  "$(resume_of "$work/amp-killed")" <<'PY'
 import json, sys
-work, whole, killed = sys.argv[1:4]
+work, whole, killed, exits, resume = sys.argv[1:6]
 def accuracy(p):
     epochs = [json.loads(l) for l in open(f"{work}/amp-{p}/metrics.jsonl") if '"event":"epoch"' in l]
     return epochs[-1]["eval_accuracy"] if epochs else None
 def seconds(p):
     return sum(json.loads(l)["seconds"] for l in open(f"{work}/amp-{p}/metrics.jsonl") if '"event":"epoch"' in l)
 a32, a16 = accuracy("fp32"), accuracy("bf16")
-ok = a32 is not None and a16 is not None and abs(a32 - a16) <= 0.02 and whole and whole == killed
-print(("pass" if ok else "fail") + f" bf16 accuracy {a16} vs fp32 {a32} ({seconds('fp32') / max(seconds('bf16'), 1e-9):.2f}x speed); fp16 + accumulation 2 SIGKILLed and resumed: digest {killed or 'none'} vs {whole or 'none'}")
+# A run that did not finish leaves an earlier checkpoint's digest: the exits say which.
+finished = exits.split() == ["0", "137", "0"]
+ok = a32 is not None and a16 is not None and abs(a32 - a16) <= 0.02 and whole and whole == killed and finished
+print(("pass" if ok else "fail") + f" bf16 accuracy {a16} vs fp32 {a32} ({seconds('fp32') / max(seconds('bf16'), 1e-9):.2f}x speed); fp16 + accumulation 2 SIGKILLed and resumed: digest {killed or 'none'} vs {whole or 'none'}" + ("" if finished else f", exits {exits} (whole, killed, resumed; expected 0 137 0)") + f", {resume}")
 PY
 )
+# A verdict that itself failed (a run left no metrics) is a failed row, not an empty one.
+[ -n "$verdict" ] || verdict="fail no verdict (a run left no metrics.jsonl); see logs/"
 row "9. bf16 vs fp32, fp16 resume" "${verdict%% *}" "${verdict#* }"
 
 row "total" "$([ $failures -eq 0 ] && echo pass || echo fail)" "$failures failed rows, $(elapsed)"
+completed=1
 [ "$failures" -eq 0 ]

@@ -186,6 +186,44 @@ bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::
   return false;
 }
 
+std::optional<nlohmann::json> wait_for_event(
+    const std::string& run_dir, const std::string& event,
+    const std::function<bool(const nlohmann::json&)>& accept, pid_t pid, double timeout_seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const std::string path = run_dir + "/metrics.jsonl";
+  size_t read = 0;  // bytes of complete lines already looked at
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Whether it exited, asked before the file is read: its last lines are then in it.
+    // WNOWAIT leaves the exit status for wait_gpurun.
+    siginfo_t info{};
+    const bool exited = pid > 0 && (waitid(P_PID, static_cast<id_t>(pid), &info,
+                                           WEXITED | WNOHANG | WNOWAIT) != 0 ||
+                                    info.si_pid != 0);
+    const std::string text = slurp(path);
+    if (text.size() < read) read = 0;  // replaced: look again from the start
+    for (size_t end; (end = text.find('\n', read)) != std::string::npos; read = end + 1) {
+      auto j =
+          nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(read),
+                                text.begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
+      if (!j.is_discarded() && j.value("event", "") == event && (!accept || accept(j))) return j;
+    }
+    if (exited) return std::nullopt;
+    sleep_for(0.005);
+  }
+  return std::nullopt;
+}
+
+std::optional<nlohmann::json> wait_for_step(const std::string& run_dir, int64_t global_step,
+                                            pid_t pid, double timeout_seconds) {
+  return wait_for_event(
+      run_dir, "step",
+      [global_step](const nlohmann::json& e) {
+        return e.value("global_step", int64_t{-1}) >= global_step;
+      },
+      pid, timeout_seconds);
+}
+
 bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds) {
   namespace fs = std::filesystem;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -226,10 +264,13 @@ bool Tmpfs::remount_writable() {
 
 int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::string& ckpt,
                               const std::string& log_prefix, int kills) {
+  // 20 ms a step in the processes to be killed: the kill, at most 50 ms x kills after the
+  // checkpoint, finds the run still training on any machine; the last process runs at full speed.
+  const Env slow{{"GPURUN_FAULT", "sleep20:after_step:*"}};
   int killed = 0;
   for (int attempt = 0; attempt < kills + 10; ++attempt) {
     const std::string before = slurp(ckpt + "/LATEST");
-    const pid_t pid = start_gpurun(args, log_prefix);
+    const pid_t pid = start_gpurun(args, log_prefix, killed < kills ? slow : Env{});
     if (killed < kills && wait_for_new_checkpoint(ckpt, pid, before)) {
       sleep_for(0.05 * killed);
       kill(pid, SIGKILL);

@@ -6,7 +6,9 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,9 +92,26 @@ void sleep_for(double seconds);
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds = 120);
 
+/// Waits until RUN_DIR/metrics.jsonl holds an `event` line for which `accept` is true (any such
+/// line when `accept` is empty), `pid` exits (0: no process to watch), or `timeout_seconds`
+/// pass; returns that line, or nothing in the two other cases. Tests that signal or kill a run
+/// wait for this (or for wait_for_new_checkpoint), never for a fixed time: a faster BLAS or a
+/// GPU must neither find the run already finished nor let the test pass without testing.
+std::optional<nlohmann::json> wait_for_event(
+    const std::string& run_dir, const std::string& event,
+    const std::function<bool(const nlohmann::json&)>& accept, pid_t pid,
+    double timeout_seconds = 120);
+
+/// wait_for_event() for a `step` event at `global_step` or later (log.every_steps decides which
+/// steps have one).
+std::optional<nlohmann::json> wait_for_step(const std::string& run_dir, int64_t global_step,
+                                            pid_t pid, double timeout_seconds = 120);
+
 /// Starts the run `args` (with --resume) again and again, SIGKILLing it after each of its first
-/// `kills` new checkpoints in `ckpt` (the n-th kill 50 ms x n after the checkpoint appears),
-/// until it exits 0; returns how many times it was killed. Any other end fails the test.
+/// `kills` new checkpoints in `ckpt` (the n-th kill 50 ms x n after the checkpoint appears; the
+/// processes to be killed sleep 20 ms after each step, so that the kill finds them training on
+/// any machine), until it exits 0; returns how many times it was killed. Any other end fails
+/// the test.
 int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::string& ckpt,
                               const std::string& log_prefix, int kills);
 

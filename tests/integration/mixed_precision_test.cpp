@@ -3,9 +3,15 @@
 // in the checkpoint).
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <random>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -119,6 +125,140 @@ TEST(Precision, ChangingAFixedPrecisionOnResumeIsRefusedButAutoResumesUnderAny) 
                                           " (train.precision auto); training continues in fp32"))
         << resumed.err;
   }
+}
+
+/// Busy loops on every core of the machine for its lifetime (bounded: joined by the
+/// destructor), so that the run under test competes for the CPU as beside a parallel build.
+class CpuLoad {
+ public:
+  CpuLoad() {
+    const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned i = 0; i < n; ++i)
+      threads_.emplace_back([this] {
+        volatile uint64_t x = 0;
+        while (!stop_.load(std::memory_order_relaxed)) x = x + 1;
+      });
+  }
+  ~CpuLoad() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  CpuLoad(const CpuLoad&) = delete;
+  CpuLoad& operator=(const CpuLoad&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+/// The global_step of `ckpt`'s newest complete checkpoint, -1 when none: the highest step of a
+/// folder under its final name (renamed once complete). Not LATEST's: a kill between a rename
+/// and LATEST's replacement leaves LATEST one checkpoint behind, and a resume takes the newer.
+int64_t newest_complete_step(const std::string& ckpt) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    newest = std::max<int64_t>(newest, std::stoll(name.substr(name.rfind("-s") + 2)));
+  }
+  return newest;
+}
+
+// Issue 31, item 6: gpu-check's row 9 (fp16, accumulation 2, SIGKILLed and resumed) once ended
+// with another digest than the uninterrupted run, under ctest -j2 beside a build. Here fp16 with
+// accumulation, on LibTorch's own thread count (not the suite's 1), is SIGKILLed again and again
+// under busy loops on every core, at moments chosen by the run's events: just after a checkpoint
+// is complete, and just after a step whose save is still being written (the kill then leaves an
+// older checkpoint behind). Every process must take the plan of the first (no re-probe on resume)
+// and the newest complete checkpoint, and the run must end with the digest and thread count of an
+// uninterrupted run made without the load.
+TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninterruptedDigest) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(640, 32, 2));  // 40 steps
+  const std::vector<std::string> sets{"train.precision=fp16", "train.accumulation_steps=2",
+                                      "train.threads=0", "checkpoint.every_steps=3"};
+  Result reference = run_gpurun(with_sets({config, "--ckpt", dir / "reference"}, sets));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const nlohmann::json expected = inspect(dir / "reference");
+  const auto reference_plan = events(dir / "reference", "plan");
+  ASSERT_EQ(reference_plan.size(), 1u);
+  ASSERT_EQ(reference_plan[0]["accumulation_steps"], 2);
+
+  const std::string ckpt = dir / "ckpt";
+  const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
+  std::mt19937 rng(31);
+  int kills = 0, kills_in_flight = 0;
+  bool finished = false;
+  std::vector<int64_t> newest_at_kill;
+  {
+    const CpuLoad load;
+    const auto start = std::chrono::steady_clock::now();
+    for (int attempt = 0; attempt < 20 && kills < 10; ++attempt) {
+      const std::string log = dir / ("run" + std::to_string(attempt));
+      const int64_t resumed_at = std::max<int64_t>(newest_complete_step(ckpt), 0);
+      // Events of this process only: an earlier one may have logged steps past its checkpoint.
+      const double started =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      const pid_t pid = start_gpurun(args, log);
+      // Even kills: once a checkpoint newer than the resumed one is complete. Odd kills: just
+      // after a step that saves (a multiple of 3), its write most likely still in flight.
+      const bool after_checkpoint = kills % 2 == 0;
+      const int64_t at = after_checkpoint
+                             ? resumed_at + 1
+                             : (resumed_at / 3 + 1 + static_cast<int64_t>(rng() % 2)) * 3;
+      const std::optional<nlohmann::json> seen = wait_for_event(
+          ckpt, after_checkpoint ? "checkpoint" : "step",
+          [&](const nlohmann::json& e) {
+            return e.value("time", 0.0) >= started && e.value("global_step", int64_t{0}) >= at;
+          },
+          pid);
+      if (seen) kill(pid, SIGKILL);
+      const Result r = wait_gpurun(pid, log);
+      if (r.exit_code == 0) {
+        finished = true;
+        break;
+      }
+      ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+      ++kills;
+      newest_at_kill.push_back(newest_complete_step(ckpt));
+      if (seen && !after_checkpoint &&
+          newest_at_kill.back() < seen->value("global_step", int64_t{0}))
+        ++kills_in_flight;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << "[ measured ] " << kills << " SIGKILLs under load (" << kills_in_flight
+              << " left an older checkpoint than the step killed at) in " << seconds << " s\n";
+  }
+  if (!finished) {
+    Result done = run_gpurun(args);
+    ASSERT_EQ(done.exit_code, 0) << done.err;
+  }
+  EXPECT_GE(kills, 6);
+
+  // Each resume took the newest checkpoint complete at its kill, and kept the first plan.
+  const auto resumes = events(ckpt, "resume");
+  ASSERT_EQ(resumes.size(),
+            newest_at_kill.size() - std::count(newest_at_kill.begin(), newest_at_kill.end(), -1));
+  size_t r = 0;
+  for (int64_t newest : newest_at_kill) {
+    if (newest >= 0) {
+      EXPECT_EQ(resumes[r].value("global_step", -1), newest) << "resume " << r;
+      ++r;
+    }
+  }
+  for (const nlohmann::json& plan : events(ckpt, "plan")) {
+    EXPECT_EQ(plan["micro_batch"], reference_plan[0]["micro_batch"]) << plan.dump();
+    EXPECT_EQ(plan["accumulation_steps"], 2) << plan.dump();
+    EXPECT_EQ(plan["capacity_bytes"], reference_plan[0]["capacity_bytes"]) << plan.dump();
+  }
+  const nlohmann::json resumed = inspect(ckpt);
+  EXPECT_EQ(resumed.value("global_step", -1), 40);
+  EXPECT_EQ(resumed["threads"], expected["threads"]);
+  EXPECT_EQ(resumed["extra"]["grad_scaler"], expected["extra"]["grad_scaler"]);
+  EXPECT_EQ(resumed.value("model_digest", ""), expected.value("model_digest", ""));
 }
 
 }  // namespace

@@ -144,9 +144,14 @@ TEST(Network, ALeaseHeldOnOneHostIsHonouredFromAnotherAndTakenOverWhenItsHeartbe
   const std::string config = write_config(dir, small_config(600, 30, 1));
   const std::vector<std::string> args{GPURUN_BINARY, config,  "--ckpt",
                                       dir / "ckpt",  "--set", "checkpoint.lease_timeout=2"};
+  // The holder trains 50 epochs of 20 steps of 300 ms (train.epochs is not hashed: the third
+  // run resumes it with one), so that it is alive until it is killed on any machine.
+  std::vector<std::string> holder_args = args;
+  holder_args.insert(holder_args.end(), {"--set", "train.epochs=50"});
   const pid_t holder =
-      nodes.start(0, args, dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
-  for (int i = 0; i < 1000 && !fs::exists(dir / "ckpt/lease.json"); ++i) sleep_for(0.01);
+      nodes.start(0, holder_args, dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
+  // Training, so that its lease is held: its first step's event, not a fixed wait.
+  ASSERT_TRUE(wait_for_step(dir / "ckpt", 1, holder)) << slurp(dir / "holder.err");
   std::vector<std::string> second_args = args;
   second_args.push_back("--resume");
   const auto t0 = Clock::now();
@@ -156,7 +161,7 @@ TEST(Network, ALeaseHeldOnOneHostIsHonouredFromAnotherAndTakenOverWhenItsHeartbe
   EXPECT_TRUE(contains(second.err, nodes.host(0))) << second.err;
 
   kill(holder, SIGKILL);
-  wait_gpurun(holder, dir / "holder", 10);
+  EXPECT_EQ(wait_gpurun(holder, dir / "holder", 10).signal, SIGKILL);  // killed while training
   const auto t1 = Clock::now();
   Result third = wait_gpurun(nodes.start(1, second_args, dir / "third"), dir / "third", 120);
   EXPECT_EQ(third.exit_code, 0) << third.err;

@@ -48,10 +48,14 @@ TEST(KillResume, RandomSigkillsEndWithTheUninterruptedDigest) {
   std::uniform_real_distribution<double> delay(0.0, 0.3);
   const std::string ckpt = dir / "ckpt";
   const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
+  // 20 ms a step in the processes to be killed: the kill, up to 0.3 s after a checkpoint, still
+  // finds the run training however fast the machine (15 steps of the 4 to the next checkpoint
+  // and more); the process after the last kill runs at full speed.
+  const Env slow{{"GPURUN_FAULT", "sleep20:after_step:*"}};
   int kills = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     const std::string before = slurp(ckpt + "/LATEST");
-    pid_t pid = start_gpurun(args, dir / "run");
+    pid_t pid = start_gpurun(args, dir / "run", kills < 5 ? slow : Env{});
     if (kills < 5 && wait_for_new_checkpoint(ckpt, pid, before)) {
       sleep_for(delay(rng));
       kill(pid, SIGKILL);
@@ -183,11 +187,14 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   const std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> delay(0.0, 0.5);
+  // 100 ms a step: the kill, up to 0.5 s after a new checkpoint, lands while the run trains and
+  // saves (every step), not after it finished on a fast machine.
+  const Env slow{{"GPURUN_FAULT", "sleep100:after_step:*"}};
   int64_t last_step = 0;
   int kills = 0;
   for (int attempt = 0; attempt < 12 && kills < 8; ++attempt) {
     const std::string before = slurp(ckpt + "/LATEST");
-    pid_t pid = start_gpurun(args, dir / "run");
+    pid_t pid = start_gpurun(args, dir / "run", slow);
     if (wait_for_new_checkpoint(ckpt, pid, before)) sleep_for(delay(rng));
     kill(pid, SIGKILL);
     Result r = wait_gpurun(pid, dir / "run");

@@ -216,11 +216,18 @@ TEST(SeeTheRun, ARunningRunIsReportedAndItsTensorBoardFileIsCurrent) {
   TempDir dir("see-the-run");
   const std::string config = write_config(dir, small_config(960, 20, 2));
   const std::string run = dir / "run";
+  // 250 ms a step keeps it alive: the SIGTERM below comes at least 10 s (40 steps) before the
+  // first epoch ends, whatever the speed of the machine's BLAS or a loaded test machine.
   const pid_t pid = start_gpurun(with_sets({config, "--ckpt", run}, {"checkpoint.every_steps=8"}),
-                                 dir / "log", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
-  ASSERT_TRUE(wait_for_new_checkpoint(run, pid, ""));
-  sleep_for(0.5);
-  const nlohmann::json tb = tensorboard_scalars(run + "/tensorboard");
+                                 dir / "log", {{"GPURUN_FAULT", "sleep250:after_step:*"}});
+  ASSERT_TRUE(wait_for_event(run, "checkpoint", {}, pid)) << slurp(dir / "log.err");
+  // The checkpoint's TensorBoard record is queued right after its metrics line: read again
+  // until it is there, rather than after a fixed wait.
+  nlohmann::json tb = tensorboard_scalars(run + "/tensorboard");
+  for (int i = 0; i < 20 && !tb.contains("checkpoint/stall_seconds"); ++i) {
+    sleep_for(0.1);
+    tb = tensorboard_scalars(run + "/tensorboard");
+  }
   ASSERT_TRUE(tb.contains("checkpoint/stall_seconds")) << tb.dump();
   EXPECT_EQ(tb["checkpoint/stall_seconds"][0][0], 8);
   const Result live = run_gpurun({"report", run, "--out", dir / "live.html"});
@@ -230,6 +237,7 @@ TEST(SeeTheRun, ARunningRunIsReportedAndItsTensorBoardFileIsCurrent) {
   kill(pid, SIGTERM);
   const Result stopped = wait_gpurun(pid, dir / "log");
   EXPECT_EQ(stopped.exit_code, 75) << stopped.err;
+  EXPECT_TRUE(events(run, "epoch").empty()) << "the SIGTERM came after the first epoch's end";
 
   const std::string cut = dir / "cut";
   std::filesystem::create_directories(cut);

@@ -185,7 +185,9 @@ TEST(Tiers, AnUnwritableNetworkTierNeitherStopsTrainingNorCountsAsAFailedSaveAnd
     ASSERT_TRUE(wait_for_new_checkpoint(tier, pid, local_latest, 60)) << slurp(dir / "run.err");
     local_latest = slurp(tier + "/LATEST");
   }
-  sleep_for(1.5);  // at least one copy attempt meets the read-only file system
+  // At least one copy attempt meets the read-only file system: its event, not a fixed wait.
+  ASSERT_TRUE(wait_for_event(dir / "run", "checkpoint_copy_failed", {}, pid, 60))
+      << slurp(dir / "run.err");
   ASSERT_TRUE(disk.remount_writable());
   Result r = wait_gpurun(pid, dir / "run");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -308,8 +310,18 @@ TEST(Tiers, AStopSignalDuringTheFinalCopyEndsTheWaitWithExit75) {
                            dir / "run", {{"GPURUN_FAULT", "sleep40:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(net, pid, "", 120)) << slurp(dir / "run.err");
   ASSERT_TRUE(disk.remount_read_only());
-  for (int i = 0; i < 600 && !contains(slurp(dir / "run.err"), "epoch 1/1:"); ++i) sleep_for(0.1);
-  sleep_for(1.0);  // inside the final wait
+  // Inside the final wait: the final save's checkpoint event follows the epoch's, as the end's
+  // drain reports it, just before the wait for its copy (an event, not a fixed wait).
+  const auto epoch = wait_for_event(dir / "run", "epoch", {}, pid, 120);
+  ASSERT_TRUE(epoch) << slurp(dir / "run.err");
+  ASSERT_TRUE(wait_for_event(
+      dir / "run", "checkpoint",
+      [&](const nlohmann::json& e) {
+        return e.value("global_step", int64_t{-1}) == epoch->value("global_step", int64_t{-2}) &&
+               e.value("time", 0.0) > epoch->value("time", 0.0);
+      },
+      pid, 60))
+      << slurp(dir / "run.err");
   const auto signalled = std::chrono::steady_clock::now();
   kill(pid, SIGTERM);
   Result r = wait_gpurun(pid, dir / "run");

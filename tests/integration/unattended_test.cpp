@@ -315,12 +315,13 @@ namespace {
 TEST(Lease, LiveHolderMakesASecondRunWaitThenExit2NamingIt) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(600, 30, 1));
-  // The holder is a real gpurun, slowed down so that it is alive for the whole test.
-  pid_t holder =
-      start_gpurun({config, "--ckpt", dir / "ckpt", "--set", "checkpoint.lease_timeout=2"},
-                   dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
-  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt/lease.json"); ++i)
-    sleep_for(0.01);
+  // The holder is a real gpurun, slowed down so that it is alive for the whole test: 50 epochs
+  // of 20 steps of 300 ms (train.epochs is not hashed: the third run resumes it with one).
+  pid_t holder = start_gpurun({config, "--ckpt", dir / "ckpt", "--set",
+                               "checkpoint.lease_timeout=2", "--set", "train.epochs=50"},
+                              dir / "holder", {{"GPURUN_FAULT", "sleep300:after_step:*"}});
+  // Training, so that its lease is held (the first step's event, not a fixed wait).
+  ASSERT_TRUE(wait_for_step(dir / "ckpt", 1, holder)) << slurp(dir / "holder.err");
   const auto t0 = std::chrono::steady_clock::now();
   Result second = run_gpurun(
       {config, "--ckpt", dir / "ckpt", "--resume", "--set", "checkpoint.lease_timeout=2"});
@@ -330,13 +331,15 @@ TEST(Lease, LiveHolderMakesASecondRunWaitThenExit2NamingIt) {
   EXPECT_GE(waited, 1.9);
   EXPECT_NE(second.err.find("pid " + std::to_string(holder)), std::string::npos) << second.err;
   kill(holder, SIGKILL);
-  wait_gpurun(holder, dir / "holder");
+  EXPECT_EQ(wait_gpurun(holder, dir / "holder").signal, SIGKILL);  // killed while it trained
 
   // The holder is dead now (same host): its lease is taken over at once.
   const auto t1 = std::chrono::steady_clock::now();
   Result third = run_gpurun(
       {config, "--ckpt", dir / "ckpt", "--resume", "--set", "checkpoint.lease_timeout=30"});
   EXPECT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_TRUE(contains(third.err, "its process (pid " + std::to_string(holder) + ") is gone"))
+      << third.err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
 }
 
@@ -359,9 +362,11 @@ TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
   // A live holder saving every step; a new run forcibly takes the directory over and resumes.
   const std::string longer = write_config(dir, small_config(600, 30, 1), "longer.yaml");
   const Env slow{{"GPURUN_FAULT", "sleep300:after_step:*"}};
-  pid_t holder = start_gpurun(
-      {longer, "--ckpt", dir / "ckpt2", "--set", "checkpoint.every_steps=1"}, dir / "holder", slow);
-  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "ckpt2/LATEST"); ++i) sleep_for(0.01);
+  // 50 epochs for the holder (not hashed), so that it still trains when it is displaced.
+  pid_t holder = start_gpurun({longer, "--ckpt", dir / "ckpt2", "--set", "checkpoint.every_steps=1",
+                               "--set", "train.epochs=50"},
+                              dir / "holder", slow);
+  ASSERT_TRUE(wait_for_new_checkpoint(dir / "ckpt2", holder, "")) << slurp(dir / "holder.err");
   Result forced = run_gpurun(
       {longer, "--ckpt", dir / "ckpt2", "--resume", "--force", "--set", "checkpoint.every_steps=1"},
       slow);
