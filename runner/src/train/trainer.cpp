@@ -29,6 +29,7 @@
 #include "model/plugin_loader.h"
 #include "report/reporter.h"
 #include "train/device.h"
+#include "train/immediate_stop.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
@@ -107,7 +108,10 @@ class Trainer {
       started_ = true;
       reached_step_ = global_step_;
       reached_epoch_ = epoch_;
-      set_immediate_stop_action([this](int sig) { stop_now(sig); });
+      set_immediate_stop_action([this](int sig) {
+        record_immediate_stop(sig, reached_step_.load(), reached_epoch_.load(), rank_,
+                              checkpointer_, reporter_, options_.ckpt_dir);
+      });
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
       metrics_.start(global_step_, total_steps_);
       const double start_time = unix_seconds();
@@ -153,61 +157,6 @@ class Trainer {
     nlohmann::json fields = {{"epoch", epoch_}, {"global_step", global_step_}};
     if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
     return fields;
-  }
-
-  /// A second interrupt (signals.h), on the signal thread while training goes on: records the
-  /// stop at the step reached, naming the newest complete checkpoint; the process then exits
-  /// 75. Reads only what is safe from another thread: the atomic step and the files.
-  void stop_now(int sig) {
-    const int64_t step = reached_step_.load();
-    std::string newest;
-    int64_t newest_step = -1;
-    // Held until the process exits: a write in flight cannot complete after the directory is
-    // read, so what the message says is saved stays true.
-    std::unique_lock<std::timed_mutex> no_commits;
-    if (rank_ == 0) {
-      no_commits = checkpointer_.hold_commits(2.0);
-      try {
-        // Sizes against the manifests, no checksums: quick, and these are this run's own.
-        for (const std::string& dir : checkpointer_.tier_dirs()) {
-          const std::vector<CheckpointInfo> infos = CheckpointView(dir).list(false);
-          const CheckpointInfo* info = CheckpointView::newest_complete(infos);
-          if (info && info->global_step > newest_step) {
-            newest = info->path;
-            newest_step = info->global_step;
-          }
-        }
-      } catch (const std::exception&) {
-        newest.clear();  // the directory cannot be read: say so rather than guess
-      }
-    }
-    std::string saved;
-    if (rank_ != 0)
-      saved = "rank 0 names the newest complete checkpoint";
-    else if (newest.empty() && !no_commits.owns_lock())
-      saved = "a checkpoint was being completed: `gpurun ckpt list " + options_.ckpt_dir +
-              "` shows whether it is";
-    else if (newest.empty())
-      saved =
-          "nothing of this run is saved: there is no complete checkpoint in " + options_.ckpt_dir;
-    else if (newest_step == step)
-      saved = "global step " + std::to_string(step) + " is saved in " + newest;
-    else
-      saved = "the newest complete checkpoint is " + newest + " (global step " +
-              std::to_string(newest_step) + ")";
-    const std::string message = "second interrupt at global step " + std::to_string(step) +
-                                ": stopped at once, without waiting for a checkpoint; " + saved +
-                                "; run again with --resume";
-    reporter_.end_progress();
-    spdlog::warn("{}", message);
-    reporter_.event("signal", {{"signal", sig}, {"global_step", step}, {"immediate", true}});
-    nlohmann::json status = {{"state", "stopped"},
-                             {"epoch", reached_epoch_.load()},
-                             {"global_step", step},
-                             {"error", message}};
-    if (!newest.empty()) status["last_checkpoint"] = newest;
-    reporter_.end_run({{"exit_code", kExitSignal}, {"error", message}, {"global_step", step}},
-                      status);
   }
 
   /// Rank > 0's dropout stream: a function of the seed and the rank only.
