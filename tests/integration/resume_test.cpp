@@ -209,5 +209,99 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   EXPECT_EQ(done.err.find("damaged"), std::string::npos) << done.err;
 }
 
+// Issue 31 item 4: train.epochs below the checkpoint is refused (exit 3, never retried), equal
+// to it finishes at once with that checkpoint as the final one, above it extends the run.
+TEST(ResumedLength, FewerEpochsThanTheCheckpointHasDoneAreRefusedWithExit3) {
+  TempDir dir;
+  // 3 steps an epoch; stopped by SIGTERM after step 4: a checkpoint 30 samples into epoch 1.
+  const std::string config = write_config(dir, small_config(90, 30, 3));
+  const std::string ckpt = dir / "ckpt";
+  Result stopped = run_gpurun({config, "--ckpt", ckpt}, {{"GPURUN_FAULT", "sigterm:after_step:4"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  ASSERT_EQ(inspect(ckpt)["global_step"], 4);
+  const std::string metrics = slurp(ckpt + "/metrics.jsonl");
+  const std::string latest = slurp(ckpt + "/LATEST");
+
+  // One epoch is 3 steps: fewer than the 4 done. Epoch 1 unfinished: at least 2 epochs.
+  for (const std::string restarts : {"0", "2"}) {
+    Result lower = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=1",
+                               "--max-restarts", restarts});
+    EXPECT_EQ(lower.exit_code, 3) << lower.err;
+    for (const char* part : {"train.epochs 1 gives 3 optimizer steps", "global step 4",
+                             "in epoch 1, 30 samples into it", "at least 2"})
+      EXPECT_TRUE(contains(lower.err, part)) << part << "\n" << lower.err;
+    EXPECT_FALSE(contains(lower.err, "restarting")) << lower.err;
+  }
+  // Refused before it started: the run's files are as they were.
+  EXPECT_EQ(slurp(ckpt + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(slurp(ckpt + "/LATEST"), latest);
+
+  // Two epochs finish epoch 1 (6 steps); then the same total again has nothing left to train.
+  Result two = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 6);
+  EXPECT_EQ(trimmed(slurp(ckpt + "/LATEST")), "ckpt-e0002-s0000006");
+  Result same = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_TRUE(contains(same.err, "nothing left to train")) << same.err;
+  EXPECT_EQ(trimmed(slurp(ckpt + "/LATEST")), "ckpt-e0002-s0000006");
+  EXPECT_EQ(events(ckpt, "checkpoint").back()["global_step"], 6);
+  const nlohmann::json status = nlohmann::json::parse(slurp(ckpt + "/status.json"));
+  EXPECT_EQ(status["state"], "finished");
+  EXPECT_EQ(status["global_step"], 6);
+  EXPECT_EQ(status["total_steps"], 6);
+
+  // Below a finished run's end-of-epoch checkpoint: refused as well, naming its epochs.
+  Result below = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=1"});
+  EXPECT_EQ(below.exit_code, 3) << below.err;
+  EXPECT_TRUE(contains(below.err, "global step 6 (after 2 epochs)")) << below.err;
+  EXPECT_TRUE(contains(below.err, "at least 2")) << below.err;
+}
+
+// A cosine schedule decays over the total of optimizer steps: another train.epochs on a resume
+// changes its curve from there on, which is said with both totals; growing train.epochs to
+// extend a finished run stays allowed. A schedule that ignores the total is not warned about.
+TEST(ResumedLength, AnotherTotalOfStepsIsWarnedAboutUnderACosineSchedule) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 3));  // 2 steps an epoch
+  const std::vector<std::string> cosine{"schedule.name=cosine"};
+  const std::string ckpt = dir / "ckpt";
+  Result stopped = run_gpurun(with_sets({config, "--ckpt", ckpt}, cosine),
+                              {{"GPURUN_FAULT", "sigterm:after_step:3"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+
+  // Lowered mid-run: 4 steps instead of 6.
+  Result lower = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"}, cosine));
+  ASSERT_EQ(lower.exit_code, 0) << lower.err;
+  for (const char* part : {"warning", "the run has 4 optimizer steps instead of 6",
+                           "learning-rate curve changes from global step 3"})
+    EXPECT_TRUE(contains(lower.err, part)) << part << "\n" << lower.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 4);
+
+  // A finished run extended: 8 steps instead of 4.
+  Result extended = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=4"}, cosine));
+  ASSERT_EQ(extended.exit_code, 0) << extended.err;
+  EXPECT_TRUE(contains(extended.err, "the run has 8 optimizer steps instead of 4")) << extended.err;
+  EXPECT_TRUE(contains(extended.err, "learning-rate curve changes from global step 4"))
+      << extended.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 8);
+
+  // The same total again: nothing to say.
+  Result same = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=4"}, cosine));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_FALSE(contains(same.err, "optimizer steps instead of")) << same.err;
+
+  // A constant schedule: the totals are said, the curve is not warned about.
+  const std::string flat = dir / "flat";
+  ASSERT_EQ(run_gpurun({config, "--ckpt", flat}).exit_code, 0);
+  Result longer = run_gpurun({config, "--ckpt", flat, "--resume", "--set", "train.epochs=4"});
+  ASSERT_EQ(longer.exit_code, 0) << longer.err;
+  EXPECT_TRUE(contains(longer.err, "the run has 8 optimizer steps instead of 6")) << longer.err;
+  EXPECT_FALSE(contains(longer.err, "learning-rate curve changes")) << longer.err;
+}
+
 }  // namespace
 }  // namespace gpurun::test

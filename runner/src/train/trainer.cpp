@@ -79,8 +79,11 @@ class Trainer {
       const auto read_start = Clock::now();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
       const double read_seconds = seconds_since(read_start);
+      // The global batch is train.batch_size whatever the plan, so the run's length is known now.
+      steps_per_epoch_ = steps_per_epoch(config_, data_.train->size());
+      total_steps_ = steps_per_epoch_ * config_.train.epochs;
       // Refused before any probe: planning takes device time, and a refused resume needs none.
-      if (loaded) check_resumable(config_, *loaded);
+      if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
       if (!loaded && !config_.model.init_from.empty())
         init_from_ = load_init_from(*model_, config_);
       std::optional<MemoryPlan> saved;
@@ -92,9 +95,6 @@ class Trainer {
       params_ = trainable_parameters(*model_);
       optimizer_ = make_optimizer(config_.optim, params_);
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
-      const int64_t n = data_.train->size();
-      steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
-      total_steps_ = steps_per_epoch_ * config_.train.epochs;
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
       resume_or_start(loaded, read_seconds);
@@ -127,6 +127,11 @@ class Trainer {
                         {"total_steps", total_steps_},
                         {"restarts", options_.restart_count}},
                        true);
+      if (loaded && global_step_ == total_steps_)
+        spdlog::info(
+            "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
+            "the final checkpoint",
+            loaded->info.path, total_steps_, config_.train.epochs);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
       checkpointer_.finish(global_step_);  // throws when the final state is not saved
       if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
@@ -201,14 +206,15 @@ class Trainer {
       } catch (const DamagedCheckpointError& e) {
         loaded = checkpointer_.fall_back(*loaded, e.what());
         if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
-        check_resumable(config_, *loaded);
+        check_resumable(config_, *loaded, steps_per_epoch_);
       }
     }
     const double restore_seconds = seconds_since(restore_start);
     const CheckpointMeta& meta = loaded->meta;
     const int64_t load_peak = session_.meter->peak_bytes();
-    log_resume_differences(*loaded, config_,
-                           {session_.precision, model_source_, rank_, world_, rng_restored});
+    log_resume_differences(
+        *loaded, config_,
+        {session_.precision, model_source_, rank_, world_, rng_restored, steps_per_epoch_});
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
