@@ -103,7 +103,6 @@ class Trainer {
         std::vector<at::Tensor> tensors;
         for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
         comm_->broadcast_tensors(tensors);
-        interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
       }
       started_ = true;
       reached_step_ = global_step_;
@@ -114,6 +113,13 @@ class Trainer {
       });
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
       metrics_.start(global_step_, total_steps_);
+      // The interval the checkpoint's process had open: the first step event covers the steps
+      // since its last one, as the uninterrupted run's does (step_metrics.h).
+      if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_))
+        spdlog::warn(
+            "the checkpoint's step_interval does not end at its global step {}; the first "
+            "step event covers the resumed steps only",
+            global_step_);
       const double start_time = unix_seconds();
       nlohmann::json plan_event = plan_.to_json();
       plan_event["time"] = start_time;
@@ -175,6 +181,7 @@ class Trainer {
     if (!scaler_) return;
     if (meta.extra.contains("grad_scaler")) {
       scaler_->load_state_dict(meta.extra["grad_scaler"]);
+      skipped_steps_ = meta.extra.value("skipped_steps", int64_t{0});
       return;
     }
     spdlog::warn(
@@ -220,6 +227,7 @@ class Trainer {
     position_ = meta.position_in_epoch;
     epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
     epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
+    carried_interval_ = meta.extra.value("step_interval", nlohmann::json());
     if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
     restore_scaler(meta, loaded->info.path);
     checkpointer_.resumed_from(loaded->info.path, global_step_);
@@ -326,7 +334,12 @@ class Trainer {
                                     rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
                                     out_of_memory ? 1.0 : 0.0};
         comm_->set_step(global_step_ + 1);
+        const CollectiveStats before = comm_->stats();
         comm_->sync_gradients(params_, control);
+        const CollectiveStats& after = comm_->stats();
+        metrics_.add_traffic({after.gradient_syncs - before.gradient_syncs,
+                              after.all_reduce_calls - before.all_reduce_calls,
+                              after.all_reduce_bytes - before.all_reduce_bytes});
         loss = control[0];
         agreed_stop_ = control[1] > 0;
         agreed_save_ = control[2] > 0;
@@ -424,29 +437,12 @@ class Trainer {
     const StepMetrics::Interval interval = metrics_.close_interval();
     reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
     const double eta = metrics_.eta_seconds();
-    nlohmann::json fields = {{"epoch", epoch_},
-                             {"global_step", global_step_},
-                             {"loss", interval.mean_loss},
-                             {"lr", lr_},
-                             {"samples_per_second", interval.samples_per_second},
-                             {"time", interval.time},
-                             {"eta_seconds", eta}};
+    nlohmann::json fields = interval.event_fields(world_);
+    fields.update(
+        {{"epoch", epoch_}, {"global_step", global_step_}, {"lr", lr_}, {"eta_seconds", eta}});
     if (scaler_) {
       fields["loss_scale"] = scaler_->scale_value();
-      fields["skipped_steps"] = skipped_steps_;  // of this process, inf or NaN gradients
-    }
-    if (comm_) {
-      // What the gradient synchronisation moved per optimizer step since the last report.
-      const CollectiveStats& now = comm_->stats();
-      const double steps = static_cast<double>(interval.steps);
-      fields["world_size"] = world_;
-      fields["gradient_syncs_per_step"] =
-          (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
-      fields["all_reduce_calls_per_step"] =
-          (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
-      fields["all_reduce_bytes_per_step"] =
-          (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
-      interval_stats_ = now;
+      fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
     }
     reporter_.event("step", fields);
     reporter_.status({{"epoch", epoch_},
@@ -478,7 +474,12 @@ class Trainer {
                   // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
                   {"deterministic", !device_.is_cuda() || config_.train.deterministic},
                   {"precision", precision_name(session_.precision.precision)}};
-    if (scaler_) meta.extra["grad_scaler"] = scaler_->state_dict();
+    if (scaler_) {
+      meta.extra["grad_scaler"] = scaler_->state_dict();
+      meta.extra["skipped_steps"] = skipped_steps_;
+    }
+    // The step events' open interval, so that a resume logs what the uninterrupted run would.
+    meta.extra["step_interval"] = metrics_.interval_state();
     if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
     if (position > 0) {
       meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
@@ -537,12 +538,12 @@ class Trainer {
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
   double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
-  CollectiveStats interval_stats_;  ///< at the last step event
+  nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
   std::vector<at::Tensor> params_;
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only
-  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients
+  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
   nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
