@@ -396,5 +396,30 @@ TEST(Queue, AFinishedRunWhoseFinalCheckpointIsDamagedIsTrainedAgainFromItsNewest
   EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
 }
 
+// Issue 31 item 4 through the queue: a run whose config file now gives fewer epochs than its
+// checkpoint has done is refused by its child (exit 3), which the queue records and does not
+// restart, whatever --max-restarts allows.
+TEST(Queue, ARunWhoseConfigNowEndsBeforeItsCheckpointFailsWithExit3AndIsNotRestarted) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(90, 30, 3));  // 3 steps an epoch
+  const std::string queue = seeds_queue(dir, config, "1");
+  const std::string qdir = dir / "q";
+  const Result first =
+      run_gpurun({"queue", queue, "--dir", qdir}, {{"GPURUN_FAULT", "sigterm:after_step:4"}});
+  EXPECT_EQ(first.exit_code, 75) << first.err;
+  ASSERT_EQ(run_record(qdir, "seed-1").value("state", ""), "interrupted");
+  write_config(dir, small_config(90, 30, 1));  // the same file, now 3 steps in all
+  const Result r = run_gpurun({"queue", queue, "--dir", qdir, "--max-restarts", "2"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const nlohmann::json rec = run_record(qdir, "seed-1");
+  EXPECT_EQ(rec.value("state", ""), "failed");
+  EXPECT_EQ(rec.value("exit_code", 0), 3);
+  EXPECT_EQ(rec.value("restarts", -1), 0);
+  EXPECT_EQ(rec.value("attempts", 0), 2);
+  EXPECT_TRUE(contains(rec.value("error", ""), "train.epochs 1 gives 3 optimizer steps"))
+      << rec.dump();
+  EXPECT_EQ(events(qdir + "/runs/seed-1", "resume").size(), 0u);
+}
+
 }  // namespace
 }  // namespace gpurun::test

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -214,6 +215,178 @@ TEST(Cases, TruncatedCheckpointNeverBlocksResume) {
   ASSERT_EQ(done.exit_code, 0) << done.err;
   EXPECT_EQ(inspect(ckpt).value("global_step", -1), 20);
   EXPECT_EQ(done.err.find("damaged"), std::string::npos) << done.err;
+}
+
+/// For each global step of RUN_DIR's `event` events, the last value of `field`: the series a
+/// reader keeps of a resumed run (a killed process's events after its checkpoint are logged
+/// again by the next one).
+std::map<int64_t, double> series(const std::string& run_dir, const std::string& event,
+                                 const std::string& field) {
+  std::map<int64_t, double> out;
+  for (const auto& e : events(run_dir, event))
+    out[e["global_step"].get<int64_t>()] = e[field].get<double>();
+  return out;
+}
+
+/// A run of 2 epochs x 23 steps, a step event every 5 steps and a checkpoint every 7: the
+/// intervals and the checkpoints fall apart, an interval spans each epoch end.
+const std::vector<std::string> kIntervalSets{"log.every_steps=5", "checkpoint.every_steps=7"};
+
+// Issue 31 item 5: the first step event after a resume is the mean since the previous step
+// event, of the steps before the checkpoint as well, so the logged curve is the uninterrupted
+// one. Killed after step 30 with the checkpoint of step 28 complete (synchronous saves): the
+// resumed event of step 30 is the mean of steps 26-30, not of 29-30.
+TEST(ResumedSeries, TheLossAfterAResumeIsTheMeanSinceThePreviousStepEvent) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(230, 10, 2));
+  std::vector<std::string> sets = kIntervalSets;
+  sets.push_back("checkpoint.async=false");
+  const std::string full = dir / "full";
+  ASSERT_EQ(run_gpurun(with_sets({config, "--ckpt", full}, sets)).exit_code, 0);
+  const std::string ckpt = dir / "ckpt";
+  Result killed = run_gpurun(with_sets({config, "--ckpt", ckpt}, sets),
+                             {{"GPURUN_FAULT", "sigkill:after_step:30"}});
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+  ASSERT_EQ(inspect(ckpt)["global_step"], 28);
+  Result resumed = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  ASSERT_EQ(events(ckpt, "resume").size(), 1u);
+
+  const auto expected = series(full, "step", "loss");
+  ASSERT_EQ(expected.size(), 9u);  // steps 5, 10, ..., 45
+  const auto got = series(ckpt, "step", "loss");
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got.at(30), expected.at(30)) << "the first event after the resume";
+  EXPECT_EQ(series(ckpt, "step", "lr"), series(full, "step", "lr"));
+  EXPECT_EQ(series(ckpt, "epoch", "train_loss"), series(full, "epoch", "train_loss"));
+  EXPECT_EQ(inspect(ckpt)["model_digest"], inspect(full)["model_digest"]);
+}
+
+// The same at every resume point: SIGKILLed after each of its first 4 checkpoints, whichever
+// step they hold (mid-epoch ones and the end of epoch 0 among them), with background saves;
+// 20 ms a step keeps the run alive for the kills.
+TEST(ResumedSeries, RandomKillsKeepEveryLoggedSeriesOfTheUninterruptedRun) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(230, 10, 2));
+  const std::string full = dir / "full";
+  ASSERT_EQ(run_gpurun(with_sets({config, "--ckpt", full}, kIntervalSets)).exit_code, 0);
+  const std::string ckpt = dir / "ckpt";
+  // sigkill_after_checkpoints() with a slow-step fault on every start.
+  const std::vector<std::string> args =
+      with_sets({config, "--ckpt", ckpt, "--resume"}, kIntervalSets);
+  int kills = 0;
+  for (int attempt = 0; attempt < 14; ++attempt) {
+    const std::string before = slurp(ckpt + "/LATEST");
+    const pid_t pid = start_gpurun(args, dir / "run", {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    if (kills < 4 && wait_for_new_checkpoint(ckpt, pid, before)) {
+      sleep_for(0.05 * kills);
+      kill(pid, SIGKILL);
+    }
+    const Result r = wait_gpurun(pid, dir / "run");
+    if (r.exit_code == 0) break;
+    ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+    ++kills;
+  }
+  EXPECT_EQ(kills, 4);
+  EXPECT_GE(events(ckpt, "resume").size(), 3u);
+  for (const char* field : {"loss", "lr"})
+    EXPECT_EQ(series(ckpt, "step", field), series(full, "step", field)) << field;
+  EXPECT_EQ(series(ckpt, "epoch", "train_loss"), series(full, "epoch", "train_loss"));
+  EXPECT_EQ(inspect(ckpt)["model_digest"], inspect(full)["model_digest"]);
+}
+
+// Issue 31 item 4: train.epochs below the checkpoint is refused (exit 3, never retried), equal
+// to it finishes at once with that checkpoint as the final one, above it extends the run.
+TEST(ResumedLength, FewerEpochsThanTheCheckpointHasDoneAreRefusedWithExit3) {
+  TempDir dir;
+  // 3 steps an epoch; stopped by SIGTERM after step 4: a checkpoint 30 samples into epoch 1.
+  const std::string config = write_config(dir, small_config(90, 30, 3));
+  const std::string ckpt = dir / "ckpt";
+  Result stopped = run_gpurun({config, "--ckpt", ckpt}, {{"GPURUN_FAULT", "sigterm:after_step:4"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  ASSERT_EQ(inspect(ckpt)["global_step"], 4);
+  const std::string metrics = slurp(ckpt + "/metrics.jsonl");
+  const std::string latest = slurp(ckpt + "/LATEST");
+
+  // One epoch is 3 steps: fewer than the 4 done. Epoch 1 unfinished: at least 2 epochs.
+  for (const std::string restarts : {"0", "2"}) {
+    Result lower = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=1",
+                               "--max-restarts", restarts});
+    EXPECT_EQ(lower.exit_code, 3) << lower.err;
+    for (const char* part : {"train.epochs 1 gives 3 optimizer steps", "global step 4",
+                             "in epoch 1, 30 samples into it", "at least 2"})
+      EXPECT_TRUE(contains(lower.err, part)) << part << "\n" << lower.err;
+    EXPECT_FALSE(contains(lower.err, "restarting")) << lower.err;
+  }
+  // Refused before it started: the run's files are as they were.
+  EXPECT_EQ(slurp(ckpt + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(slurp(ckpt + "/LATEST"), latest);
+
+  // Two epochs finish epoch 1 (6 steps); then the same total again has nothing left to train.
+  Result two = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 6);
+  EXPECT_EQ(trimmed(slurp(ckpt + "/LATEST")), "ckpt-e0002-s0000006");
+  Result same = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_TRUE(contains(same.err, "nothing left to train")) << same.err;
+  EXPECT_EQ(trimmed(slurp(ckpt + "/LATEST")), "ckpt-e0002-s0000006");
+  EXPECT_EQ(events(ckpt, "checkpoint").back()["global_step"], 6);
+  const nlohmann::json status = nlohmann::json::parse(slurp(ckpt + "/status.json"));
+  EXPECT_EQ(status["state"], "finished");
+  EXPECT_EQ(status["global_step"], 6);
+  EXPECT_EQ(status["total_steps"], 6);
+
+  // Below a finished run's end-of-epoch checkpoint: refused as well, naming its epochs.
+  Result below = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=1"});
+  EXPECT_EQ(below.exit_code, 3) << below.err;
+  EXPECT_TRUE(contains(below.err, "global step 6 (after 2 epochs)")) << below.err;
+  EXPECT_TRUE(contains(below.err, "at least 2")) << below.err;
+}
+
+// A cosine schedule decays over the total of optimizer steps: another train.epochs on a resume
+// changes its curve from there on, which is said with both totals; growing train.epochs to
+// extend a finished run stays allowed. A schedule that ignores the total is not warned about.
+TEST(ResumedLength, AnotherTotalOfStepsIsWarnedAboutUnderACosineSchedule) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(60, 30, 3));  // 2 steps an epoch
+  const std::vector<std::string> cosine{"schedule.name=cosine"};
+  const std::string ckpt = dir / "ckpt";
+  Result stopped = run_gpurun(with_sets({config, "--ckpt", ckpt}, cosine),
+                              {{"GPURUN_FAULT", "sigterm:after_step:3"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+
+  // Lowered mid-run: 4 steps instead of 6.
+  Result lower = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=2"}, cosine));
+  ASSERT_EQ(lower.exit_code, 0) << lower.err;
+  for (const char* part : {"warning", "the run has 4 optimizer steps instead of 6",
+                           "learning-rate curve changes from global step 3"})
+    EXPECT_TRUE(contains(lower.err, part)) << part << "\n" << lower.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 4);
+
+  // A finished run extended: 8 steps instead of 4.
+  Result extended = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=4"}, cosine));
+  ASSERT_EQ(extended.exit_code, 0) << extended.err;
+  EXPECT_TRUE(contains(extended.err, "the run has 8 optimizer steps instead of 4")) << extended.err;
+  EXPECT_TRUE(contains(extended.err, "learning-rate curve changes from global step 4"))
+      << extended.err;
+  EXPECT_EQ(inspect(ckpt)["global_step"], 8);
+
+  // The same total again: nothing to say.
+  Result same = run_gpurun(
+      with_sets({config, "--ckpt", ckpt, "--resume", "--set", "train.epochs=4"}, cosine));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_FALSE(contains(same.err, "optimizer steps instead of")) << same.err;
+
+  // A constant schedule: the totals are said, the curve is not warned about.
+  const std::string flat = dir / "flat";
+  ASSERT_EQ(run_gpurun({config, "--ckpt", flat}).exit_code, 0);
+  Result longer = run_gpurun({config, "--ckpt", flat, "--resume", "--set", "train.epochs=4"});
+  ASSERT_EQ(longer.exit_code, 0) << longer.err;
+  EXPECT_TRUE(contains(longer.err, "the run has 8 optimizer steps instead of 6")) << longer.err;
+  EXPECT_FALSE(contains(longer.err, "learning-rate curve changes")) << longer.err;
 }
 
 }  // namespace

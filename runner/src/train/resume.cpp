@@ -2,25 +2,83 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/train_state.h"
 #include "gpurun/errors.h"
 #include "model/plugin_loader.h"
 #include "train/init_weights.h"
+#include "train/optimizer.h"
 
 namespace gpurun {
 
-void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded) {
+namespace {
+
+/// Logs, on rank 0, what another train.epochs than the checkpoint's does to the run: its total
+/// of optimizer steps, and the learning-rate curve where the schedule depends on that total.
+void log_run_length_change(const LoadedCheckpoint& loaded, const RunConfig& config,
+                           int64_t steps_per_epoch) {
+  const int64_t was_epochs = config_from_json(loaded.meta.config).train.epochs;
+  if (was_epochs == config.train.epochs || steps_per_epoch <= 0) return;
+  const int64_t step = loaded.meta.global_step;
+  const int64_t was_total = was_epochs * steps_per_epoch;
+  const int64_t total = config.train.epochs * steps_per_epoch;
+  const std::string change = fmt::format(
+      "train.epochs is {} here and was {} in {}: the run has {} optimizer steps instead of {}",
+      config.train.epochs, was_epochs, loaded.info.path, total, was_total);
+  if (total <= step) {
+    spdlog::info("{}; the checkpoint has done all {} of them", change, step);
+    return;
+  }
+  const double was_lr = learning_rate(config.optim, config.schedule, step, was_total);
+  const double lr = learning_rate(config.optim, config.schedule, step, total);
+  if (config.schedule.name == "cosine")
+    spdlog::warn(
+        "{}; schedule.name cosine decays over the total, so the learning-rate curve changes "
+        "from global step {} on (its next step's learning rate is {:.6g}, {:.6g} under the old "
+        "total) and the run is no longer the one the checkpoint was training",
+        change, step, lr, was_lr);
+  else
+    spdlog::info("{}; the learning rate (schedule.name {}) does not depend on the total", change,
+                 config.schedule.name);
+}
+
+}  // namespace
+
+int64_t steps_per_epoch(const RunConfig& config, int64_t train_samples) {
+  const int64_t batch = std::max<int64_t>(1, config.train.batch_size);
+  return (train_samples + batch - 1) / batch;
+}
+
+void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
+                     int64_t steps_per_epoch) {
   RunConfig saved = config_from_json(loaded.meta.config);
   if (saved.train.precision == "auto") saved.train.precision = config.train.precision;
-  if (config_hash(saved) == config_hash(config)) return;
-  std::string keys;
-  for (const auto& k : changed_training_keys(saved, config)) keys += "\n  " + k;
-  throw ResumeError("cannot resume " + loaded.info.path +
-                    ": training keys differ from the checkpoint's config:" + keys +
-                    "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
-                    "directory)");
+  if (config_hash(saved) != config_hash(config)) {
+    std::string keys;
+    for (const auto& k : changed_training_keys(saved, config)) keys += "\n  " + k;
+    throw ResumeError("cannot resume " + loaded.info.path +
+                      ": training keys differ from the checkpoint's config:" + keys +
+                      "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
+                      "directory)");
+  }
+  // Lowering train.epochs below the checkpoint would "finish" at once with a step past the
+  // total and no final checkpoint of the shorter run: there is no such run to finish.
+  const CheckpointMeta& meta = loaded.meta;
+  const int64_t total = config.train.epochs * steps_per_epoch;
+  if (steps_per_epoch <= 0 || meta.global_step <= total) return;
+  const int64_t fewest = meta.epoch + (meta.position_in_epoch > 0 ? 1 : 0);
+  throw ResumeError(fmt::format(
+      "cannot resume {}: train.epochs {} gives {} optimizer steps ({} per epoch), but the "
+      "checkpoint is at global step {} ({}); train.epochs must be at least {} to continue it, "
+      "or use a new --ckpt directory to train a shorter run",
+      loaded.info.path, config.train.epochs, total, steps_per_epoch, meta.global_step,
+      meta.position_in_epoch > 0
+          ? fmt::format("in epoch {}, {} samples into it", meta.epoch, meta.position_in_epoch)
+          : fmt::format("after {} epochs", meta.epoch),
+      fewest));
 }
 
 nlohmann::json load_init_from(torch::nn::Module& model, const RunConfig& config) {
@@ -44,6 +102,7 @@ void log_resume_differences(const LoadedCheckpoint& loaded, const RunConfig& con
                             const ResumingProcess& process) {
   const CheckpointMeta& meta = loaded.meta;
   const bool first = process.rank == 0;
+  if (first) log_run_length_change(loaded, config, process.steps_per_epoch);
   if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
     spdlog::warn(
         "checkpoint was written with {} threads and CPU capability {}; this run uses "

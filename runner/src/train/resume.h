@@ -3,6 +3,8 @@
 // resume does not carry over bit for bit, said once in the log.
 #pragma once
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/store.h"
@@ -15,12 +17,22 @@ class Module;
 
 namespace gpurun {
 
+/// Optimizer steps in an epoch of `train_samples` samples: ceil(samples / train.batch_size), the
+/// global batch every memory plan keeps.
+int64_t steps_per_epoch(const RunConfig& config, int64_t train_samples);
+
 /// Throws ResumeError, naming each changed key, when `loaded` was written under other training
 /// keys than `config` (config_hash). Extending train.epochs is allowed, and a checkpoint of
 /// train.precision auto resumes under any precision (gpurun chose it). The checkpoint's config
 /// is read back through config_from_json, so that a key added by a later gpurun (taking its
 /// default) does not make an older checkpoint look like another run.
-void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded);
+/// Throws ResumeError as well when train.epochs leaves the run fewer optimizer steps (epochs x
+/// `steps_per_epoch`) than the checkpoint has done, naming the key, the checkpoint's step, the
+/// new total and the fewest epochs that continue it. A total equal to the checkpoint's step (an
+/// end-of-epoch checkpoint of the last epoch) is accepted: the run has nothing left to train and
+/// finishes at once, its final checkpoint being that one.
+void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
+                     int64_t steps_per_epoch);
 
 /// model.init_from into `model` of a fresh run, logged with what strict false left out; returns
 /// InitialWeights::to_json() for the manifests. Throws as load_initial_weights().
@@ -32,13 +44,16 @@ struct ResumingProcess {
   nlohmann::json model_source;  ///< describe_model_source() of this run
   int rank = 0;
   int world_size = 1;
-  bool rng_restored = true;  ///< the checkpoint held this rank's random state
+  bool rng_restored = true;     ///< the checkpoint held this rank's random state
+  int64_t steps_per_epoch = 0;  ///< steps_per_epoch() of this run; 0: unknown
 };
 
 /// Logs what resuming `loaded` in `process` changes against the run that wrote it: another
 /// thread count or CPU capability (the last bits differ), no random state for this rank,
-/// another model file, another precision, another world size, an unread model.init_from.
-/// Warnings that concern every rank alike are logged by rank 0 only.
+/// another model file, another precision, another world size, an unread model.init_from, and
+/// another train.epochs: the old and the new total of optimizer steps, with a warning when the
+/// learning-rate schedule (cosine) spreads over the total, so that its curve changes from the
+/// checkpoint's step on. Warnings that concern every rank alike are logged by rank 0 only.
 void log_resume_differences(const LoadedCheckpoint& loaded, const RunConfig& config,
                             const ResumingProcess& process);
 

@@ -1,6 +1,12 @@
-// The numbers of the step events and of the progress line: the samples per second and the mean
-// loss over the wall time since the last step event, and the time left at this process's mean
-// time per step.
+// The numbers of the step events and of the progress line: the mean loss and the gradient
+// synchronisation's traffic per optimizer step since the last step event, the samples per
+// second over the wall time since it, and the time left at this process's mean time per step.
+//
+// The interval since the last step event is carried across a resume (interval_state() into the
+// checkpoint, continue_interval() out of it), so that the first event after a resume covers the
+// same steps as the uninterrupted run's and reports the same mean loss and traffic to the bit:
+// the sums are added in the same order. The rates and the ETA are this process's wall time and
+// cannot be carried (docs/architecture.md, "Run directory").
 #pragma once
 
 #include <chrono>
@@ -8,28 +14,59 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace gpurun {
+
+/// What the gradient synchronisation moved (a distributed run's CollectiveStats, counted over the
+/// sync_gradients() calls of the training steps only).
+struct SyncTraffic {
+  int64_t gradient_syncs = 0;    ///< sync_gradients() rounds
+  int64_t all_reduce_calls = 0;  ///< c10d all-reduce calls they made
+  int64_t all_reduce_bytes = 0;  ///< bytes of the tensors they reduced
+};
 
 class StepMetrics {
  public:
   /// What a step event reports of the optimizer steps since the last one.
   struct Interval {
     double mean_loss = 0;           ///< over its samples (each step's mean loss x its samples)
-    double samples_per_second = 0;  ///< over the wall time since the last event, which
-                                    ///< includes epoch ends, evaluation and saves
+    double samples_per_second = 0;  ///< this process's samples over the wall time since the
+                                    ///< last event (or its start), which includes epoch ends,
+                                    ///< evaluation and saves
     int64_t steps = 0;              ///< optimizer steps it covers
     double time = 0;                ///< Unix seconds at its last step: what the rate runs to
+    SyncTraffic traffic;            ///< the gradient synchronisation's, over its steps
+
+    /// The step event's fields of it: `loss`, `samples_per_second`, `time` and, in a run of
+    /// `world_size` > 1 ranks, `world_size` and the traffic per optimizer step
+    /// (`gradient_syncs_per_step`, `all_reduce_calls_per_step`, `all_reduce_bytes_per_step`).
+    nlohmann::json event_fields(int world_size) const;
   };
 
   /// Training starts now, at `global_step` of `total_steps`: rates and the ETA count from here.
   void start(int64_t global_step, int64_t total_steps);
 
+  /// Continues the interval a checkpoint carried (interval_state() of the process that saved
+  /// it), after start() at the checkpoint's step: the next event covers the steps since the
+  /// last event before the checkpoint. Returns false, changing nothing, when `state` is not an
+  /// interval that ends at that step (a checkpoint written before gpurun carried it: the next
+  /// event then covers the resumed steps only, as before).
+  bool continue_interval(const nlohmann::json& state);
+
   /// An optimizer step ended now: `global_step` steps are done, the last of mean `loss` over
   /// `samples` samples.
   void add(int64_t global_step, double loss, int64_t samples);
 
+  /// Adds the gradient synchronisation of the step in progress to the interval.
+  void add_traffic(const SyncTraffic& traffic);
+
   /// Ends the interval at the last add() and starts the next one there.
   Interval close_interval();
+
+  /// The open interval as a checkpoint carries it: `since_step` (the last step event's global
+  /// step, or where training started), `loss_sum`, `samples`, and the traffic's three counts.
+  nlohmann::json interval_state() const;
 
   /// Seconds left at the mean time per step of this process at the last add(), evaluation and
   /// saves included; -1 before the first step.
@@ -52,9 +89,12 @@ class StepMetrics {
   double step_end_time_ = 0;             ///< the same in Unix seconds
   std::optional<double> last_loss_;
   Clock::time_point interval_start_ = start_;  ///< the last closed interval's end (or the start)
-  int64_t interval_first_step_ = 0;
-  int64_t interval_samples_ = 0;
-  double interval_loss_ = 0, throughput_ = 0;
+  int64_t interval_first_step_ = 0;            ///< the global step the interval starts after
+  int64_t interval_samples_ = 0;               ///< its samples, carried ones included
+  double interval_loss_ = 0;                   ///< their sum of loss x samples
+  SyncTraffic interval_traffic_;
+  int64_t rate_samples_ = 0;  ///< the interval's samples trained by this process
+  double throughput_ = 0;
 };
 
 }  // namespace gpurun

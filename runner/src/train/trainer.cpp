@@ -29,6 +29,7 @@
 #include "model/plugin_loader.h"
 #include "report/reporter.h"
 #include "train/device.h"
+#include "train/immediate_stop.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "train/precision.h"
@@ -78,8 +79,11 @@ class Trainer {
       const auto read_start = Clock::now();
       std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
       const double read_seconds = seconds_since(read_start);
+      // The global batch is train.batch_size whatever the plan, so the run's length is known now.
+      steps_per_epoch_ = steps_per_epoch(config_, data_.train->size());
+      total_steps_ = steps_per_epoch_ * config_.train.epochs;
       // Refused before any probe: planning takes device time, and a refused resume needs none.
-      if (loaded) check_resumable(config_, *loaded);
+      if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
       if (!loaded && !config_.model.init_from.empty())
         init_from_ = load_init_from(*model_, config_);
       std::optional<MemoryPlan> saved;
@@ -91,9 +95,6 @@ class Trainer {
       params_ = trainable_parameters(*model_);
       optimizer_ = make_optimizer(config_.optim, params_);
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
-      const int64_t n = data_.train->size();
-      steps_per_epoch_ = (n + plan_.global_batch - 1) / plan_.global_batch;
-      total_steps_ = steps_per_epoch_ * config_.train.epochs;
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
       resume_or_start(loaded, read_seconds);
@@ -102,14 +103,23 @@ class Trainer {
         std::vector<at::Tensor> tensors;
         for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
         comm_->broadcast_tensors(tensors);
-        interval_stats_ = comm_->stats();  // step events count the training steps' traffic only
       }
       started_ = true;
       reached_step_ = global_step_;
       reached_epoch_ = epoch_;
-      set_immediate_stop_action([this](int sig) { stop_now(sig); });
+      set_immediate_stop_action([this](int sig) {
+        record_immediate_stop(sig, reached_step_.load(), reached_epoch_.load(), rank_,
+                              checkpointer_, reporter_, options_.ckpt_dir);
+      });
       // Training starts here: the rates and the ETA count from this moment (the plan event's).
       metrics_.start(global_step_, total_steps_);
+      // The interval the checkpoint's process had open: the first step event covers the steps
+      // since its last one, as the uninterrupted run's does (step_metrics.h).
+      if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_))
+        spdlog::warn(
+            "the checkpoint's step_interval does not end at its global step {}; the first "
+            "step event covers the resumed steps only",
+            global_step_);
       const double start_time = unix_seconds();
       nlohmann::json plan_event = plan_.to_json();
       plan_event["time"] = start_time;
@@ -123,6 +133,11 @@ class Trainer {
                         {"total_steps", total_steps_},
                         {"restarts", options_.restart_count}},
                        true);
+      if (loaded && global_step_ == total_steps_)
+        spdlog::info(
+            "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
+            "the final checkpoint",
+            loaded->info.path, total_steps_, config_.train.epochs);
       for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
       checkpointer_.finish(global_step_);  // throws when the final state is not saved
       if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
@@ -155,61 +170,6 @@ class Trainer {
     return fields;
   }
 
-  /// A second interrupt (signals.h), on the signal thread while training goes on: records the
-  /// stop at the step reached, naming the newest complete checkpoint; the process then exits
-  /// 75. Reads only what is safe from another thread: the atomic step and the files.
-  void stop_now(int sig) {
-    const int64_t step = reached_step_.load();
-    std::string newest;
-    int64_t newest_step = -1;
-    // Held until the process exits: a write in flight cannot complete after the directory is
-    // read, so what the message says is saved stays true.
-    std::unique_lock<std::timed_mutex> no_commits;
-    if (rank_ == 0) {
-      no_commits = checkpointer_.hold_commits(2.0);
-      try {
-        // Sizes against the manifests, no checksums: quick, and these are this run's own.
-        for (const std::string& dir : checkpointer_.tier_dirs()) {
-          const std::vector<CheckpointInfo> infos = CheckpointView(dir).list(false);
-          const CheckpointInfo* info = CheckpointView::newest_complete(infos);
-          if (info && info->global_step > newest_step) {
-            newest = info->path;
-            newest_step = info->global_step;
-          }
-        }
-      } catch (const std::exception&) {
-        newest.clear();  // the directory cannot be read: say so rather than guess
-      }
-    }
-    std::string saved;
-    if (rank_ != 0)
-      saved = "rank 0 names the newest complete checkpoint";
-    else if (newest.empty() && !no_commits.owns_lock())
-      saved = "a checkpoint was being completed: `gpurun ckpt list " + options_.ckpt_dir +
-              "` shows whether it is";
-    else if (newest.empty())
-      saved =
-          "nothing of this run is saved: there is no complete checkpoint in " + options_.ckpt_dir;
-    else if (newest_step == step)
-      saved = "global step " + std::to_string(step) + " is saved in " + newest;
-    else
-      saved = "the newest complete checkpoint is " + newest + " (global step " +
-              std::to_string(newest_step) + ")";
-    const std::string message = "second interrupt at global step " + std::to_string(step) +
-                                ": stopped at once, without waiting for a checkpoint; " + saved +
-                                "; run again with --resume";
-    reporter_.end_progress();
-    spdlog::warn("{}", message);
-    reporter_.event("signal", {{"signal", sig}, {"global_step", step}, {"immediate", true}});
-    nlohmann::json status = {{"state", "stopped"},
-                             {"epoch", reached_epoch_.load()},
-                             {"global_step", step},
-                             {"error", message}};
-    if (!newest.empty()) status["last_checkpoint"] = newest;
-    reporter_.end_run({{"exit_code", kExitSignal}, {"error", message}, {"global_step", step}},
-                      status);
-  }
-
   /// Rank > 0's dropout stream: a function of the seed and the rank only.
   uint64_t rank_seed() const {
     return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
@@ -221,6 +181,7 @@ class Trainer {
     if (!scaler_) return;
     if (meta.extra.contains("grad_scaler")) {
       scaler_->load_state_dict(meta.extra["grad_scaler"]);
+      skipped_steps_ = meta.extra.value("skipped_steps", int64_t{0});
       return;
     }
     spdlog::warn(
@@ -252,19 +213,21 @@ class Trainer {
       } catch (const DamagedCheckpointError& e) {
         loaded = checkpointer_.fall_back(*loaded, e.what());
         if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
-        check_resumable(config_, *loaded);
+        check_resumable(config_, *loaded, steps_per_epoch_);
       }
     }
     const double restore_seconds = seconds_since(restore_start);
     const CheckpointMeta& meta = loaded->meta;
     const int64_t load_peak = session_.meter->peak_bytes();
-    log_resume_differences(*loaded, config_,
-                           {session_.precision, model_source_, rank_, world_, rng_restored});
+    log_resume_differences(
+        *loaded, config_,
+        {session_.precision, model_source_, rank_, world_, rng_restored, steps_per_epoch_});
     epoch_ = meta.epoch;
     global_step_ = meta.global_step;
     position_ = meta.position_in_epoch;
     epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
     epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
+    carried_interval_ = meta.extra.value("step_interval", nlohmann::json());
     if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
     restore_scaler(meta, loaded->info.path);
     checkpointer_.resumed_from(loaded->info.path, global_step_);
@@ -375,7 +338,12 @@ class Trainer {
                                     rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
                                     out_of_memory ? 1.0 : 0.0};
         comm_->set_step(global_step_ + 1);
+        const CollectiveStats before = comm_->stats();
         comm_->sync_gradients(params_, control);
+        const CollectiveStats& after = comm_->stats();
+        metrics_.add_traffic({after.gradient_syncs - before.gradient_syncs,
+                              after.all_reduce_calls - before.all_reduce_calls,
+                              after.all_reduce_bytes - before.all_reduce_bytes});
         loss = control[0];
         agreed_stop_ = control[1] > 0;
         agreed_save_ = control[2] > 0;
@@ -473,29 +441,12 @@ class Trainer {
     const StepMetrics::Interval interval = metrics_.close_interval();
     reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
     const double eta = metrics_.eta_seconds();
-    nlohmann::json fields = {{"epoch", epoch_},
-                             {"global_step", global_step_},
-                             {"loss", interval.mean_loss},
-                             {"lr", lr_},
-                             {"samples_per_second", interval.samples_per_second},
-                             {"time", interval.time},
-                             {"eta_seconds", eta}};
+    nlohmann::json fields = interval.event_fields(world_);
+    fields.update(
+        {{"epoch", epoch_}, {"global_step", global_step_}, {"lr", lr_}, {"eta_seconds", eta}});
     if (scaler_) {
       fields["loss_scale"] = scaler_->scale_value();
-      fields["skipped_steps"] = skipped_steps_;  // of this process, inf or NaN gradients
-    }
-    if (comm_) {
-      // What the gradient synchronisation moved per optimizer step since the last report.
-      const CollectiveStats& now = comm_->stats();
-      const double steps = static_cast<double>(interval.steps);
-      fields["world_size"] = world_;
-      fields["gradient_syncs_per_step"] =
-          (now.gradient_syncs - interval_stats_.gradient_syncs) / steps;
-      fields["all_reduce_calls_per_step"] =
-          (now.all_reduce_calls - interval_stats_.all_reduce_calls) / steps;
-      fields["all_reduce_bytes_per_step"] =
-          (now.all_reduce_bytes - interval_stats_.all_reduce_bytes) / steps;
-      interval_stats_ = now;
+      fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
     }
     reporter_.event("step", fields);
     reporter_.status({{"epoch", epoch_},
@@ -527,7 +478,12 @@ class Trainer {
                   // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
                   {"deterministic", !device_.is_cuda() || config_.train.deterministic},
                   {"precision", precision_name(session_.precision.precision)}};
-    if (scaler_) meta.extra["grad_scaler"] = scaler_->state_dict();
+    if (scaler_) {
+      meta.extra["grad_scaler"] = scaler_->state_dict();
+      meta.extra["skipped_steps"] = skipped_steps_;
+    }
+    // The step events' open interval, so that a resume logs what the uninterrupted run would.
+    meta.extra["step_interval"] = metrics_.interval_state();
     if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
     if (position > 0) {
       meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
@@ -586,12 +542,12 @@ class Trainer {
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
   double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
-  CollectiveStats interval_stats_;  ///< at the last step event
+  nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
   std::vector<at::Tensor> params_;
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only
-  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients
+  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
   nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
   MemoryPlan plan_;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
