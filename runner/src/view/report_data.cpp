@@ -360,7 +360,7 @@ json queue_report_data(const std::string& dir) {
     rows.push_back({r.name, r.seed ? std::to_string(*r.seed) : "",
                     interrupted ? "interrupted" : run_state_name(r.state),
                     std::to_string(r.attempts), std::to_string(r.restarts), exit,
-                    r.wall_seconds > 0 ? format_duration(r.wall_seconds) : "",
+                    r.attempts > 0 ? format_duration(run_wall_seconds(dir, r, !queue_gone)) : "",
                     a ? std::to_string(a->last_global_step) : "",
                     a && number(a->last_step, "loss")
                         ? fmt::format("{:.4f}", *number(a->last_step, "loss"))
