@@ -437,14 +437,6 @@ TEST(Queue, AFinishedRunWhoseFinalCheckpointIsDamagedIsTrainedAgainFromItsNewest
   EXPECT_EQ(resumes[0].value("global_step", -1), 16);
   EXPECT_EQ(run_record(qdir, "seed-2").value("state", ""), "finished");
   EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
-  // Its wall time holds both attempts: the one the SIGKILL cut short was lost.
-  const nlohmann::json rec2 = run_record(qdir, "seed-2");
-  const double second_start = attempt_starts(run2 + "/stderr.log").at(1);
-  const double wall = rec2.value("wall_seconds", 0.0);
-  EXPECT_GE(wall, (killed_at - first_start) + (rec2.value("ended", 0.0) - second_start) - 1.0)
-      << rec2.dump();
-  // (The killed queue's child may still save while the next queue starts its second attempt.)
-  EXPECT_LE(wall, rec2.value("ended", 0.0) - first_start + 5.0) << rec2.dump();
   EXPECT_TRUE(std::filesystem::is_directory(final_ckpt + ".damaged"));
   EXPECT_EQ(inspect(run).value("model_digest", ""), digest);
   EXPECT_EQ(run_gpurun({"ckpt", "verify", run}).exit_code, 0);
@@ -456,14 +448,6 @@ TEST(Queue, AFinishedRunWhoseFinalCheckpointIsDamagedIsTrainedAgainFromItsNewest
   r = run_gpurun(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
-  // Its wall time holds both attempts: the one the SIGKILL cut short was lost.
-  const nlohmann::json rec2 = run_record(qdir, "seed-2");
-  const double second_start = attempt_starts(run2 + "/stderr.log").at(1);
-  const double wall = rec2.value("wall_seconds", 0.0);
-  EXPECT_GE(wall, (killed_at - first_start) + (rec2.value("ended", 0.0) - second_start) - 1.0)
-      << rec2.dump();
-  // (The killed queue's child may still save while the next queue starts its second attempt.)
-  EXPECT_LE(wall, rec2.value("ended", 0.0) - first_start + 5.0) << rec2.dump();
 }
 
 }  // namespace
