@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <optional>
 #include <sstream>
@@ -251,6 +252,26 @@ void print_summary(const CheckpointInfo& info, std::ostream& out) {
                           "config_hash", "threads", "cpu_capability", "plan"}) {
     row(key, field(key));
   }
+  // extra: the model's source, the running epoch sums, the precision, fp16's scaler, init_from,
+  // deterministic, the local tier, ... (docs/architecture.md, "Manifest"), one dotted key a
+  // line.
+  out << "  extra\n";
+  std::vector<std::pair<std::string, std::string>> extra;
+  const std::function<void(const json&, const std::string&)> flatten = [&](const json& j,
+                                                                           const std::string& key) {
+    if (j.is_object() && !j.empty()) {
+      for (const auto& [name, value] : j.items())
+        flatten(value, key.empty() ? printable(name) : key + "." + printable(name));
+    } else {
+      extra.emplace_back(key, j.is_string() ? printable(j.get<std::string>()) : j.dump());
+    }
+  };
+  if (m.contains("extra") && m["extra"].is_object() && !m["extra"].empty()) flatten(m["extra"], "");
+  size_t width = 0;
+  for (const auto& [key, value] : extra) width = std::max(width, key.size());
+  for (const auto& [key, value] : extra)
+    out << "    " << std::left << std::setw(static_cast<int>(width + 2)) << key << value << "\n";
+  if (extra.empty()) out << "    -\n";
   out << "  files\n";
   if (m.contains("files") && m["files"].is_object()) {
     for (const auto& [name, entry] : m["files"].items()) {

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include "checkpoint/interval.h"
+#include "config/paths.h"
 #include "forecast/forecast.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
@@ -194,7 +195,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   DatasetSplits data;
   ModelShape shape;
   if (config.model.torchscript.empty()) {
-    data = registry.make_dataset(config.data);
+    data = registry.make_dataset(resolved_data(config));
     const c10::Device target = select_device(device, 0);
     shape = probe_model_shape(config, registry, data, target,
                               resolve_precision(config.train.precision, target).precision);

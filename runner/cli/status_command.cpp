@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@
 #include "gpurun/errors.h"
 #include "queue/queue_state.h"
 #include "queue/queue_summary.h"
+#include "report/metrics_tail.h"
 #include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
@@ -51,6 +53,22 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
       s.contains("pid") && kill(static_cast<pid_t>(s["pid"].get<int64_t>()), 0) != 0 &&
       errno == ESRCH)
     s["state"] = "dead";
+  // status.json is written at most every 10 s, and a run killed outright never writes its last
+  // one: metrics.jsonl's newest step event may be further on. Its epoch, step and loss win then.
+  if (const std::string state = s.value("state", ""); state == "running" || state == "dead") {
+    const std::optional<nlohmann::json> step =
+        last_event_in_tail(run_dir + "/metrics.jsonl", "step");
+    const auto step_of = [](const nlohmann::json& j) {
+      return j.contains("global_step") && j["global_step"].is_number_integer()
+                 ? j["global_step"].get<int64_t>()
+                 : int64_t{-1};
+    };
+    if (step && step_of(*step) > step_of(s)) {
+      for (const char* key : {"epoch", "global_step", "loss", "samples_per_second"})
+        if (step->contains(key)) s[key] = (*step)[key];
+      s["step_from"] = "metrics.jsonl";  // status.json's own step was older
+    }
+  }
   // The checkpoints by their manifests and sizes, quick enough for every status; the checksums
   // are `gpurun ckpt verify`'s.
   nlohmann::json checkpoints = {{"checked", "sizes"}};
@@ -84,8 +102,9 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
     std::snprintf(buf, sizeof buf, "%.4g", s[key].get<double>());
     return std::string(buf);
   };
-  // status.json counts epochs from 0, as metrics.jsonl does; people count from 1, as the
-  // progress line does. A finished run's epoch is the count done.
+  // status.json counts epochs from 0 in every state, as metrics.jsonl does; people count from
+  // 1, as the progress line does. (gpurun before 0-based finished runs wrote the count: the
+  // clamp keeps their status right.)
   std::string epoch = get("epoch");
   if (s.contains("epoch") && s["epoch"].is_number_integer()) {
     int64_t e = s["epoch"].get<int64_t>() + 1;
@@ -100,7 +119,10 @@ int status_command(const std::string& run_dir, bool json, std::ostream& out) {
       << " (updated " << format_duration(age) << " ago, pid " << get("pid") << " on "
       << s.value("host", "?") << ")\n"
       << "epoch           " << epoch << " of " << get("epochs") << "\n"
-      << "step            " << get("global_step") << " of " << get("total_steps") << "\n"
+      << "step            " << get("global_step") << " of " << get("total_steps")
+      << (s.contains("step_from") ? " (metrics.jsonl's last step event; status.json's is older)"
+                                  : "")
+      << "\n"
       << "loss            " << get("loss") << "\n"
       << "samples/s       " << get("samples_per_second") << "\n"
       << "ETA             " << (live ? format_duration(s.value("eta_seconds", -1.0)) : "-") << "\n"

@@ -70,6 +70,7 @@ STATS_JS = r"""Array.from(document.querySelectorAll('canvas'), (c, i) => {
   } catch (e) { r.error = String(e); }
   const chart = window.Chart && Chart.getChart(c);   // the y axis as drawn, for the caller
   if (chart && chart.scales.y) r.y = [chart.scales.y.min, chart.scales.y.max];
+  if (chart && chart.scales.x) r.x_ticks = chart.scales.x.ticks.map(t => t.value);
   return r;
 })"""
 
@@ -277,6 +278,8 @@ def main():
         ok = painted >= 0.5 and c['colours'] >= 3 and not c['error']
         blank += not ok
         y = ' y=[%g, %g]' % tuple(c['y']) if c.get('y') else ''
+        if c.get('x_ticks') is not None:
+            y += ' x_ticks=[%s]' % ', '.join('%g' % t for t in c['x_ticks'])
         print('canvas %s "%s" %dx%d painted=%.1f%% colours=%d%s %s' % (
             c['id'], c['title'], c['w'], c['h'], painted, c['colours'], y,
             'ok' if ok else ' '.join(('BLANK', c['error'])).strip()))

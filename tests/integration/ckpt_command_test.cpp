@@ -4,6 +4,7 @@
 // reach the terminal raw.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,25 @@ bool has_raw_terminal_bytes(const std::string& text) {
     if (text.find(c) != std::string::npos) return true;
   }
   return false;
+}
+
+// Issue 31, item 8: the text of `ckpt inspect` left out the manifest's extra (the precision,
+// the model's source, init_from, ...), which only --json showed.
+TEST(CkptCommand, InspectsTextShowsTheManifestsExtra) {
+  TempDir dir;
+  train(dir);
+  const json manifest = inspect(dir / "ckpt");
+  ASSERT_TRUE(manifest.contains("extra") && manifest["extra"].is_object()) << manifest.dump();
+  ASSERT_TRUE(manifest["extra"].contains("precision")) << manifest["extra"].dump();
+  const Result r = run_gpurun({"ckpt", "inspect", dir / "ckpt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "\n  extra\n")) << r.out;
+  std::istringstream lines(r.out);
+  bool precision = false;
+  for (std::string line; std::getline(lines, line);)
+    precision = precision || (line.rfind("    precision ", 0) == 0 &&
+                              contains(line, manifest["extra"]["precision"].get<std::string>()));
+  EXPECT_TRUE(precision) << r.out;
 }
 
 TEST(CkptCommand, AFileReplacedByADirectoryFailsOnlyItsCheckpoint) {

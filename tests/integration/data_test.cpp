@@ -52,6 +52,76 @@ std::string blobs_csv(const TempDir& dir, int rows, int bad_line = 0) {
   return path;
 }
 
+/// gpurun `args`, started from the working directory `cwd`.
+Result run_gpurun_in(const std::string& cwd, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", cwd, GPURUN_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_program(argv, 300);
+}
+
+const char* const kCsvModel =
+    "model: {name: mlp, hidden: [16]}\noptim: {name: adam, lr: 0.01}\n"
+    "train: {epochs: 1, batch_size: 32, threads: 1}\n";
+
+// Issue 31, item 8: data.path resolved against the working directory while model.plugin,
+// model.torchscript and model.init_from resolved against run.yaml's folder. One rule now: an
+// input is read from beside run.yaml, and every error names the path it tried.
+TEST(Paths, ARelativeDataPathIsReadFromBesideRunYamlWhereverGpurunIsStarted) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "cfg");
+  std::filesystem::create_directories(dir / "work");
+  TempDir data_dir;
+  std::filesystem::copy_file(blobs_csv(data_dir, 300), dir / "cfg/shapes.csv");
+  const std::string config = write_config(
+      dir, std::string(kCsvModel) + "data: {name: csv, path: shapes.csv, label: shape}\n",
+      "cfg/run.yaml");
+  const Result r = run_gpurun_in(dir / "work", {config, "--ckpt", dir / "ckpt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(events(dir / "ckpt", "epoch").size(), 1u);
+  // The config keeps what was written: its hash does not depend on where the run started.
+  EXPECT_EQ(inspect(dir / "ckpt")["config"]["data"]["path"], "shapes.csv");
+  // A missing input is named by the path that was tried.
+  const std::string missing = write_config(
+      dir, std::string(kCsvModel) + "data: {name: csv, path: none.csv, eval_path: e.csv}\n",
+      "cfg/missing.yaml");
+  const Result m = run_gpurun_in(dir / "work", {missing, "--ckpt", dir / "m"});
+  EXPECT_EQ(m.exit_code, 2) << m.err;
+  EXPECT_TRUE(contains(m.err, dir / "cfg/none.csv")) << m.err;
+}
+
+// A run started when data.path resolved against the working directory resumes from that
+// directory: a relative path found only there is still read from there, with a warning; found
+// in both places it is refused, naming both (never a silent change of data).
+TEST(Paths, ARunWhoseRelativeDataPathIsInTheWorkingDirectoryStillResumesFromIt) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "cfg");
+  std::filesystem::create_directories(dir / "work/data");
+  TempDir data_dir;
+  std::filesystem::copy_file(blobs_csv(data_dir, 300), dir / "work/data/shapes.csv");
+  const std::string config = write_config(
+      dir, std::string(kCsvModel) + "data: {name: csv, path: data/shapes.csv, label: shape}\n",
+      "cfg/run.yaml");
+  const Result first = run_gpurun_in(dir / "work", {config, "--ckpt", dir / "ckpt"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_TRUE(contains(first.err, "as older gpurun did")) << first.err;
+  EXPECT_TRUE(contains(first.err, dir / "work/data/shapes.csv")) << first.err;
+  const std::string hash = inspect(dir / "ckpt").value("config_hash", "");
+  const Result resumed = run_gpurun_in(
+      dir / "work", {config, "--ckpt", dir / "ckpt", "--resume", "--set", "train.epochs=2"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(events(dir / "ckpt", "resume").size(), 1u);
+  EXPECT_EQ(events(dir / "ckpt", "epoch").size(), 2u);
+  EXPECT_EQ(inspect(dir / "ckpt").value("config_hash", ""), hash);
+  // Another file of that name beside run.yaml: which one is meant is not guessed.
+  std::filesystem::create_directories(dir / "cfg/data");
+  std::ofstream(dir / "cfg/data/shapes.csv") << "w,x,y,z,shape\n1,2,3,4,circle\n";
+  const Result both = run_gpurun_in(
+      dir / "work", {config, "--ckpt", dir / "ckpt", "--resume", "--set", "train.epochs=3"});
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  EXPECT_TRUE(contains(both.err, dir / "cfg/data/shapes.csv")) << both.err;
+  EXPECT_TRUE(contains(both.err, dir / "work/data/shapes.csv")) << both.err;
+}
+
 TEST(DataCsv, MalformedRowExitsTwoNamingFileAndLine) {
   TempDir dir;
   const std::string csv = blobs_csv(dir, 50, 17);

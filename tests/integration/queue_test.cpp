@@ -49,6 +49,23 @@ std::string seeds_queue(const TempDir& dir, const std::string& config, const std
   return write_config(dir, "config: " + config + "\nseeds: [" + seeds + "]\n" + more, "q.yaml");
 }
 
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// The unix start time of each attempt, from the header line the queue writes into the run's
+/// stderr.log ("gpurun queue: starting NAME (attempt 1, ...) on cpu at SECONDS: COMMAND").
+std::vector<double> attempt_starts(const std::string& stderr_log) {
+  std::vector<double> out;
+  std::istringstream lines(slurp(stderr_log));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("gpurun queue: ", 0) != 0) continue;
+    const size_t at = line.find(" at ");
+    if (at != std::string::npos) out.push_back(std::stod(line.substr(at + 4)));
+  }
+  return out;
+}
+
 TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(400, 20, 3));
@@ -59,16 +76,29 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   // The second run's first checkpoint (end of its first epoch), then the whole group.
   ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-2", pid, "", 120));
   ASSERT_EQ(run_record(qdir, "seed-1").value("state", ""), "finished");
+  // A running run's wall time counts its running attempt (it showed 0s until the attempt ended).
+  const nlohmann::json live =
+      nlohmann::json::parse(run_gpurun({"status", qdir, "--json"}).out, nullptr, false);
+  ASSERT_FALSE(live.is_discarded());
+  ASSERT_EQ(live["runs"][1].value("state", ""), "running");
+  EXPECT_GT(live["runs"][1]["summary"].value("wall_seconds", 0.0), 0.5) << live["runs"][1].dump();
   ASSERT_EQ(kill(-pid, SIGKILL), 0);
+  const double killed_at = unix_now();
   const Result killed = wait_gpurun(pid, dir / "first");
   EXPECT_EQ(killed.signal, SIGKILL);
   EXPECT_EQ(run_record(qdir, "seed-2").value("state", ""), "running");
+  const double first_start = run_record(qdir, "seed-2").value("started", 0.0);
   // gpurun status sees that the queue is gone: its running run is interrupted.
   const Result gone = run_gpurun({"status", qdir});
   EXPECT_EQ(gone.exit_code, 0) << gone.err;
   EXPECT_TRUE(contains(gone.out, "not running")) << gone.out;
   EXPECT_TRUE(contains(gone.out, "interrupted")) << gone.out;
   EXPECT_TRUE(contains(gone.out, "runs are left")) << gone.out;
+  const nlohmann::json after =
+      nlohmann::json::parse(run_gpurun({"status", qdir, "--json"}).out, nullptr, false);
+  ASSERT_FALSE(after.is_discarded());
+  EXPECT_GE(after["runs"][1]["summary"].value("wall_seconds", 0.0), killed_at - first_start - 0.5)
+      << after["runs"][1].dump();
 
   // The same command: its child waits for the killed queue's child to save and let the lease go.
   const pid_t again = start_gpurun(args, dir / "second", kSlow);
@@ -107,6 +137,14 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   EXPECT_EQ(resumes[0].value("global_step", int64_t{-2}), last_saved);
   EXPECT_EQ(epochs_of(run2).back(), 2);
   EXPECT_EQ(run_record(qdir, "seed-2").value("attempts", 0), 2);
+  // Its wall time holds both attempts: the one the SIGKILL cut short was lost.
+  const nlohmann::json rec2 = run_record(qdir, "seed-2");
+  const double second_start = attempt_starts(run2 + "/stderr.log").at(1);
+  const double wall = rec2.value("wall_seconds", 0.0);
+  EXPECT_GE(wall, (killed_at - first_start) + (rec2.value("ended", 0.0) - second_start) - 1.0)
+      << rec2.dump();
+  // (The killed queue's child may still save while the next queue starts its second attempt.)
+  EXPECT_LE(wall, rec2.value("ended", 0.0) - first_start + 5.0) << rec2.dump();
   // Run 3 started fresh, once.
   const std::string run3 = qdir + "/runs/seed-3";
   EXPECT_TRUE(events(run3, "resume").empty());
@@ -203,6 +241,22 @@ TEST(Queue, ARunWithAConfigErrorIsReportedAndTheOthersFinish) {
   EXPECT_EQ(events(qdir + "/runs/typo", "epoch").size(), 2u);
   for (const char* name : {"seed-1", "seed-2"})
     EXPECT_EQ(events(qdir + "/runs/" + name, "epoch").size(), 1u) << name;
+}
+
+// It exited 1 ("mkdir ...: Read-only file system"), which a scheduler retries for ever.
+TEST(Queue, AReadOnlyDirIsRefusedWithExit2AndGuidanceAsRunDoes) {
+  Tmpfs disk("1m", true);
+  if (!disk.ok()) GTEST_SKIP() << "mount(tmpfs) is not permitted here";
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(100, 20, 1));
+  const std::string queue = seeds_queue(dir, config, "1");
+  for (const std::string& qdir : {disk.path(), disk.path() + "/q"}) {
+    const Result r = run_gpurun({"queue", queue, "--dir", qdir});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "queue directory " + qdir + " cannot be written")) << r.err;
+    EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
+    EXPECT_TRUE(contains(r.err, "choose a --dir")) << r.err;
+  }
 }
 
 TEST(Queue, ATypoInTheQueueFileNamesTheKeyAndStartsNothing) {

@@ -238,6 +238,56 @@ TEST(Progress, ACtrlCNamesItsCheckpointAndAFinishedStatusHoldsTheFinalLoss) {
   EXPECT_DOUBLE_EQ(status.value("loss", -1.0), steps.back()["loss"].get<double>());
 }
 
+// Issue 31, item 8: status.json is written at most every 10 s, so a SIGKILLed run's was older
+// than its metrics.jsonl, and `gpurun status` showed that older step.
+TEST(Status, ASigkilledRunShowsTheLastStepOfItsMetricsNotOfAnOlderStatusJson) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(2048, 16, 1));
+  const std::string ckpt = dir / "ckpt";
+  const pid_t pid = start_gpurun({config, "--ckpt", ckpt}, dir / "run",
+                                 {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+  // Killed at its fifth step event: well within the 10 s before status.json's next write.
+  for (int i = 0; i < 1200 && events(ckpt, "step").size() < 5; ++i) sleep_for(0.05);
+  ASSERT_GE(events(ckpt, "step").size(), 5u) << "no fifth step event in 60 s";
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const Result killed = wait_gpurun(pid, dir / "run", 60);
+  ASSERT_EQ(killed.signal, SIGKILL);
+  const nlohmann::json last = events(ckpt, "step").back();
+  ASSERT_LT(status_json(ckpt).value("global_step", int64_t{-1}),
+            last.value("global_step", int64_t{0}))
+      << "status.json caught up: the test shows nothing";
+  const Result json = run_gpurun({"status", ckpt, "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json s = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(s.is_discarded()) << json.out;
+  EXPECT_EQ(s.value("state", ""), "dead");
+  EXPECT_EQ(s.value("global_step", int64_t{-1}), last.value("global_step", int64_t{-2}));
+  EXPECT_EQ(s.value("epoch", int64_t{-1}), 0);
+  EXPECT_DOUBLE_EQ(s.value("loss", -1.0), last.value("loss", -2.0));
+  const Result text = run_gpurun({"status", ckpt});
+  EXPECT_TRUE(contains(
+      text.out,
+      "step            " + std::to_string(last.value("global_step", int64_t{0})) + " of 128"))
+      << text.out;
+  EXPECT_TRUE(contains(text.out, "epoch           1 of 1")) << text.out;
+}
+
+// status.json's epoch is 0-based in every state, as metrics.jsonl's; a finished run wrote the
+// count of epochs instead (2 for a run whose last epoch is 1).
+TEST(Status, TheEpochIsZeroBasedWhileRunningAndOnceFinished) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(256, 64, 2));
+  const Result r = run_gpurun({config, "--ckpt", dir / "ckpt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json status = status_json(dir / "ckpt");
+  EXPECT_EQ(status.value("state", ""), "finished");
+  EXPECT_EQ(status.value("epoch", int64_t{-1}), events(dir / "ckpt", "epoch").back()["epoch"]);
+  EXPECT_EQ(status.value("epoch", int64_t{-1}), 1);
+  EXPECT_EQ(status.value("epochs", int64_t{-1}), 2);
+  const Result text = run_gpurun({"status", dir / "ckpt"});
+  EXPECT_TRUE(contains(text.out, "epoch           2 of 2")) << text.out;
+}
+
 // The run directory's writes are a background thread's: a metrics.jsonl that blocks every write
 // for good (a FIFO nobody reads: open(2) for writing never returns, as on a hung NFS mount)
 // neither stalls training nor keeps the run from ending, and the checkpoints elsewhere are

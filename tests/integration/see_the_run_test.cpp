@@ -3,6 +3,7 @@
 // `gpurun report`'s page opened in headless Chromium (tests/browser/check_page.py), on a
 // finished run, a running one and a queue, with the unhappy paths of its input.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -330,6 +332,65 @@ TEST(SeeTheRun, BadInputGetsAClearErrorAndExit2) {
   Result usage = run_gpurun({"report"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_TRUE(contains(usage.err, "usage: gpurun report")) << usage.err;
+}
+
+// Issue 31, item 8: a run of one optimizer step drew its step axis with ticks at 0.95, 0.96, ...
+// (a twentieth of the step each side); global steps are whole numbers.
+TEST(SeeTheRun, ASingleStepAxisHasWholeNumberTicks) {
+  TempDir dir("see-the-run");
+  const std::string config = write_config(dir, small_config(20, 20, 1));
+  const Result trained = run_gpurun({config, "--ckpt", dir / "run"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  ASSERT_EQ(events(dir / "run", "step").size(), 1u);
+  ASSERT_EQ(run_gpurun({"report", dir / "run"}).exit_code, 0);
+  const std::string page = dir / "run/report.html";
+  const Result browser = check_page(page, drawn_charts(page_data(page)));
+  ASSERT_EQ(browser.exit_code, 0) << browser.out << browser.err;
+  int step_axes = 0;
+  std::istringstream lines(browser.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!contains(line, "canvas chart-loss") && !contains(line, "canvas chart-lr")) continue;
+    ++step_axes;
+    const size_t at = line.find("x_ticks=[");
+    ASSERT_NE(at, std::string::npos) << line;
+    const std::string ticks = line.substr(at + 9, line.find(']', at) - at - 9);
+    EXPECT_FALSE(ticks.empty()) << line;
+    EXPECT_EQ(ticks.find('.'), std::string::npos) << "a fractional step: " << line;
+    EXPECT_TRUE(contains(", " + ticks + ",", " 1,")) << "step 1 has no tick: " << line;
+  }
+  EXPECT_EQ(step_axes, 2) << browser.out;
+}
+
+// Issue 31, item 8: --out of an existing file read the whole file before refusing it (20 s and
+// 3.5 GB of memory for a 3 GB file), and a FIFO blocked for ever. The first bytes decide.
+TEST(SeeTheRun, OutIsJudgedByItsFirstBytesNotReadWhole) {
+  TempDir dir("see-the-run");
+  std::filesystem::create_directories(dir / "run");
+  std::ofstream(dir / "run/metrics.jsonl")
+      << "{\"event\":\"step\",\"time\":1000,\"epoch\":0,\"global_step\":1,\"loss\":1.5,"
+         "\"lr\":0.1,\"samples_per_second\":10}\n";
+  const std::string big = dir / "big.bin";
+  {
+    std::ofstream(big).close();
+    std::filesystem::resize_file(big,
+                                 int64_t{2} << 30);  // sparse: 2 GiB of zeros that take no disk
+  }
+  Result r = run_gpurun({"report", dir / "run", "--out", big}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is not an HTML page")) << r.err;
+  EXPECT_LT(r.max_rss_bytes, int64_t{1} << 30) << "the file was read whole";
+  EXPECT_EQ(std::filesystem::file_size(big), uintmax_t{2} << 30);
+  const std::string fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = run_gpurun({"report", dir / "run", "--out", fifo}, {}, 20);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is not an HTML page")) << r.err;
+  // A page is still replaced.
+  const std::string page = dir / "page.html";
+  std::ofstream(page) << "<!DOCTYPE html>\n<html></html>\n";
+  r = run_gpurun({"report", dir / "run", "--out", page});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(std::filesystem::file_size(page), 1000u);
 }
 
 // RUN_DIR/tensorboard cannot be made (a file is in its place): one warning, and the run

@@ -60,10 +60,11 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string name = "idx";  ///< registry name: idx, csv, text, synthetic, or a plugin's
-  std::string path = "/usr/share/datasets/fashion-mnist";  ///< idx: directory; csv, text: file
+  /// idx: directory; csv, text: file. Relative: beside run.yaml (config/paths.h's rule).
+  std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t train_samples = 0;    ///< 0: all; otherwise the first N training samples
   int64_t eval_samples = 0;     ///< 0: all; otherwise the first N test samples
-  std::string eval_path;        ///< csv, text: evaluation file; empty: split off data.path
+  std::string eval_path;        ///< csv, text: evaluation file (relative: beside run.yaml)
   double eval_fraction = 0.1;   ///< csv, text, synthetic: share held out when not eval_path
   std::string label = "-1";     ///< csv: label column, header name or 0-based index (<0: from end)
   bool header = true;           ///< csv: the first row names the columns
@@ -76,7 +77,7 @@ struct DataConfig {
   int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
   /// A local disk that path and eval_path are copied to before training, and read from
   /// (train/data_stage.h); a relative path resolves against the working directory, as
-  /// data.path does. "": off.
+  /// --ckpt does (a place written, not an input). "": off.
   std::string stage_dir;
 };
 

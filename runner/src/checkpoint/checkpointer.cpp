@@ -26,6 +26,7 @@
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/signals.h"
+#include "util/writable.h"
 
 namespace gpurun {
 namespace {
@@ -106,13 +107,9 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::check_writable(const std::string& dir, const std::string& what) {
-  const std::string probe = dir + "/.gpurun-write-probe-" + std::to_string(::getpid());
   try {
-    fs::make_dirs(dir);
-    fs::write_file(probe, "gpurun write probe\n");
-    if (::unlink(probe.c_str()) != 0) throw IoError("unlink", probe, errno);
+    probe_writable(dir);
   } catch (const IoError& e) {
-    (void)::unlink(probe.c_str());  // a full disk may have let it be created, empty
     throw ConfigError((what == "--ckpt" ? "checkpoint directory " : what + " ") + dir +
                       " cannot be written (" + e.what() + "); choose a " + what +
                       " directory where files can be created");

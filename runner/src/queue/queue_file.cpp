@@ -31,6 +31,12 @@ struct Context {
     if (m.line < 0) return source;
     return source + ":" + std::to_string(m.line + 1);
   }
+  /// FILE:LINE:COLUMN: two entries of one flow list share their line.
+  std::string where_exactly(const YAML::Node& n) const {
+    const YAML::Mark m = n.Mark();
+    if (m.line < 0) return source;
+    return where(n) + ":" + std::to_string(m.column + 1);
+  }
   [[noreturn]] void fail(const YAML::Node& n, const std::string& message) const {
     throw ConfigError(message + " (" + where(n) + ")");
   }
@@ -119,6 +125,22 @@ std::string stem_name(const std::string& config) {
   return stem.substr(0, 80);
 }
 
+/// A seed as a name's part: "7", and "m7" for -7 ("seed--7" reads as an option's dashes).
+std::string seed_part(int64_t seed) {
+  return seed < 0 ? "m" + std::to_string(seed).substr(1) : std::to_string(seed);
+}
+
+/// "1st", "2nd", "3rd", "4th", ..., "11th", "12th", "13th", "21st".
+std::string ordinal(size_t n) {
+  const size_t tens = n % 100, ones = n % 10;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th"
+                       : ones == 1                ? "st"
+                       : ones == 2                ? "nd"
+                       : ones == 3                ? "rd"
+                                                  : "th";
+  return std::to_string(n) + suffix;
+}
+
 struct Pending {
   QueueRun run;
   bool named = false;  ///< the name was given, not derived
@@ -148,9 +170,19 @@ QueueFile parse_queue_text(const std::string& text, const std::string& source,
     if (const YAML::Node seeds = root["seeds"]) {
       if (!seeds.IsSequence()) c.fail(seeds, "seeds must be a list of integers, e.g. [1, 2, 3]");
       if (top_config.empty()) c.fail(seeds, "seeds: needs a config: for its runs");
+      // A seed given twice would train the same run twice under two names: a mistake.
+      std::map<int64_t, std::pair<size_t, YAML::Node>> first_of;
+      size_t index = 0;
       for (const YAML::Node& s : seeds) {
         const int64_t seed = integer(c, s, "seeds");
-        Pending p{{"seed-" + std::to_string(seed), top_config, top_sets, seed}, true, s};
+        ++index;
+        const auto [it, fresh] = first_of.emplace(seed, std::make_pair(index, s));
+        if (!fresh)
+          throw ConfigError(
+              "seeds lists " + std::to_string(seed) + " twice: its " + ordinal(it->second.first) +
+              " entry (" + c.where_exactly(it->second.second) + ") and its " + ordinal(index) +
+              " (" + c.where_exactly(s) + "); each seed makes one run: remove one of them");
+        Pending p{{"seed-" + seed_part(seed), top_config, top_sets, seed}, true, s};
         p.run.sets.push_back("train.seed=" + std::to_string(seed));
         runs.push_back(std::move(p));
       }
@@ -182,8 +214,8 @@ QueueFile parse_queue_text(const std::string& text, const std::string& source,
                                   "starting with '.', at most 100 characters");
           p.named = true;
         } else {
-          p.run.name = stem_name(p.run.config_path) +
-                       (p.run.seed ? "-seed-" + std::to_string(*p.run.seed) : "");
+          p.run.name =
+              stem_name(p.run.config_path) + (p.run.seed ? "-seed-" + seed_part(*p.run.seed) : "");
         }
         runs.push_back(std::move(p));
       }
@@ -224,9 +256,13 @@ QueueFile load_queue_file(const std::string& path) {
   } catch (const IoError& e) {
     throw ConfigError("cannot read the queue file: " + std::string(e.what()));
   }
-  std::string base = stdfs::path(path).parent_path().string();
+  // Absolute, so that queue.json and `gpurun status` name the file from any directory.
+  std::error_code ec;
+  const stdfs::path absolute = stdfs::absolute(path, ec);
+  const std::string named = ec ? path : absolute.lexically_normal().string();
+  std::string base = stdfs::path(named).parent_path().string();
   if (base.empty()) base = ".";
-  return parse_queue_text(text, path, base, /*check_files=*/true);
+  return parse_queue_text(text, named, base, /*check_files=*/true);
 }
 
 }  // namespace gpurun

@@ -6,6 +6,10 @@
 //   runs:                       # and/or runs of their own
 //     - {config: other.yaml, set: [optim.lr=0.1], name: lr-0.1, seed: 4}
 //
+// `config:` (with its `set:`) and neither `seeds:` nor `runs:` is a queue of one run, named
+// after the config's file name. A negative seed is named with an m: seed -1 is `seed-m1` (and
+// `NAME-seed-m1` in `runs:`). A seed listed twice in `seeds:` is an error naming both entries.
+//
 // Only the form is checked here (keys, types, KEY=VALUE, names, that config files exist); the
 // config keys of `set` are checked by each run's own gpurun, so a wrong one fails that run
 // only. No Torch headers.
@@ -28,7 +32,7 @@ struct QueueRun {
 
 /// A parsed queue file.
 struct QueueFile {
-  std::string path;            ///< as given
+  std::string path;            ///< absolute and lexically normal from load_queue_file()
   std::vector<QueueRun> runs;  ///< in file order: the seeds' runs first, then `runs`
 };
 

@@ -26,6 +26,7 @@
 #include "util/clock.h"
 #include "util/fs.h"
 #include "util/signals.h"
+#include "util/writable.h"
 
 namespace gpurun {
 namespace {
@@ -48,7 +49,14 @@ class QueueRunner {
       throw ConfigError("--hang-timeout must be >= 0, got " +
                         std::to_string(options_.hang_timeout));
     const std::string& dir = options_.dir;
-    fs::make_dirs(dir + "/runs");
+    // As `gpurun run` refuses a --ckpt it cannot write: a usage error (exit 2), with guidance.
+    try {
+      probe_writable(dir);
+      fs::make_dirs(dir + "/runs");
+    } catch (const IoError& e) {
+      throw ConfigError("queue directory " + dir + " cannot be written (" + e.what() +
+                        "); choose a --dir where files can be created");
+    }
     QueueLock lock(dir);
     load_state();
     devices_ = cuda_devices(current_environment());
@@ -149,7 +157,17 @@ class QueueRunner {
             rec.config = q.config_path;
             rec.sets = q.sets;
           }
-          if (rec.state == RunState::kRunning) rec.state = RunState::kInterrupted;
+          if (rec.state == RunState::kRunning) {
+            // The queue died under this attempt (SIGKILL): its time still counts, up to the
+            // last thing the run wrote (its child saved and exited on PR_SET_PDEATHSIG).
+            if (rec.attempt_started > 0) {
+              const double end = attempt_end_of(options_.dir, rec);
+              rec.wall_seconds += end - rec.attempt_started;
+              rec.ended = end;
+            }
+            rec.state = RunState::kInterrupted;
+          }
+          rec.attempt_started = 0;
           // Running the command again is asking for another try: a failed run starts over
           // (it resumes its checkpoint, if it has one) with its restarts counted afresh.
           if (rec.state == RunState::kFailed) {
@@ -278,6 +296,7 @@ class QueueRunner {
                  run_dir);
     ++r.attempts;
     if (r.started == 0) r.started = unix_seconds();
+    r.attempt_started = unix_seconds();
     r.state = RunState::kRunning;
     r.pid = child.pid;
     r.device = slot.device.empty() ? "cpu" : "cuda:" + slot.device;
@@ -335,6 +354,7 @@ class QueueRunner {
     const std::string run_dir = run_dir_of(options_.dir, r.name);
     r.wall_seconds += seconds_since(slot.start);
     r.ended = unix_seconds();
+    r.attempt_started = 0;
     r.pid = 0;
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;

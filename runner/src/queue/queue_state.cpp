@@ -1,5 +1,8 @@
 #include "queue/queue_state.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <sstream>
@@ -55,6 +58,7 @@ nlohmann::json to_json(const QueueState& state) {
                     {"started", r.started},
                     {"ended", r.ended},
                     {"wall_seconds", r.wall_seconds},
+                    {"attempt_started", r.attempt_started},
                     {"pid", r.pid},
                     {"device", r.device},
                     {"error", r.error}});
@@ -95,6 +99,7 @@ QueueState queue_state_from_json(const nlohmann::json& j) {
       rec.started = r.value("started", 0.0);
       rec.ended = r.value("ended", 0.0);
       rec.wall_seconds = r.value("wall_seconds", 0.0);
+      rec.attempt_started = r.value("attempt_started", 0.0);
       rec.pid = r.value("pid", int64_t{0});
       rec.device = r.value("device", "");
       rec.error = r.value("error", "");
@@ -128,6 +133,24 @@ void write_queue_state(const std::string& dir, QueueState& state) {
 
 std::string run_dir_of(const std::string& dir, const std::string& name) {
   return dir + "/runs/" + name;
+}
+
+double attempt_end_of(const std::string& dir, const RunRecord& r) {
+  const std::string run_dir = run_dir_of(dir, r.name);
+  double last = r.attempt_started;
+  for (const char* name :
+       {"stderr.log", "stdout.log", "metrics.jsonl", "status.json", "heartbeat"}) {
+    struct stat st {};
+    if (::stat((run_dir + "/" + name).c_str(), &st) != 0) continue;
+    last = std::max(last, static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9);
+  }
+  return std::min(last, std::max(r.attempt_started, unix_seconds()));
+}
+
+double run_wall_seconds(const std::string& dir, const RunRecord& r, bool queue_live) {
+  if (r.state != RunState::kRunning || r.attempt_started <= 0) return r.wall_seconds;
+  const double end = queue_live ? unix_seconds() : attempt_end_of(dir, r);
+  return r.wall_seconds + std::max(0.0, end - r.attempt_started);
 }
 
 RunMetrics read_run_metrics(const std::string& run_dir) {

@@ -45,10 +45,13 @@ struct RunRecord {
   int attempts = 0;         ///< children started, over every queue invocation
   double started = 0;       ///< unix seconds of the first start; 0 before it
   double ended = 0;         ///< unix seconds of the last attempt's end; 0 before it
-  double wall_seconds = 0;  ///< the attempts' time added up
-  int64_t pid = 0;          ///< the running child's pid; 0 when none
-  std::string device;       ///< "cuda:N" (its CUDA_VISIBLE_DEVICES) or "cpu"
-  std::string error;        ///< why it failed, one line; "" otherwise
+  double wall_seconds = 0;  ///< the ended attempts' time added up (run_wall_seconds(): so far)
+  /// Unix seconds of the running attempt's start; 0 when none runs. A queue killed outright
+  /// leaves it set: the next queue adds that attempt's time (attempt_end_of()).
+  double attempt_started = 0;
+  int64_t pid = 0;     ///< the running child's pid; 0 when none
+  std::string device;  ///< "cuda:N" (its CUDA_VISIBLE_DEVICES) or "cpu"
+  std::string error;   ///< why it failed, one line; "" otherwise
 };
 
 /// queue.json.
@@ -77,6 +80,17 @@ void write_queue_state(const std::string& dir, QueueState& state);
 
 /// DIR/runs/NAME: the run's checkpoint and run directory.
 std::string run_dir_of(const std::string& dir, const std::string& name);
+
+/// Unix seconds of the last sign of life of the attempt of `r` that started at
+/// `r.attempt_started` and whose queue died without recording its end (SIGKILL): the newest
+/// modification of its run directory's logs, metrics.jsonl, status.json and heartbeat, at
+/// least `r.attempt_started` and at most now. Throws nothing.
+double attempt_end_of(const std::string& dir, const RunRecord& r);
+
+/// The time run `r` of queue directory DIR has trained so far: its ended attempts' time, plus,
+/// while an attempt runs, the time since it started (`queue_live`), or, under a queue that is
+/// gone, up to attempt_end_of().
+double run_wall_seconds(const std::string& dir, const RunRecord& r, bool queue_live);
 
 /// What a run's metrics.jsonl says of its end.
 struct RunMetrics {

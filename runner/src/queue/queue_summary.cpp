@@ -159,8 +159,11 @@ void write_summary(const std::string& dir, const std::vector<SummaryRow>& rows) 
 int queue_status(const std::string& dir, bool json, std::ostream& out) {
   std::optional<QueueState> state = read_queue_state(dir);
   if (!state) throw Error("no queue in " + dir + " (no queue.json)");
-  const std::vector<SummaryRow> rows = summary_rows(dir, *state);
+  std::vector<SummaryRow> rows = summary_rows(dir, *state);
   const std::string live = queue_liveness(*state);
+  // A running attempt's time counts from its start (queue.json adds it up at its end).
+  for (SummaryRow& row : rows)
+    row.run.wall_seconds = run_wall_seconds(dir, row.run, live.rfind("live", 0) == 0);
   // A running run's progress, from its own status.json (report/reporter.h).
   auto run_status = [&](const RunRecord& r) {
     try {

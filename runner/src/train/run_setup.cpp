@@ -18,6 +18,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config/paths.h"
 #include "distributed/collectives.h"
 #include "forecast/cards.h"
 #include "gpurun/errors.h"
@@ -238,7 +239,8 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   set_determinism(s.device, config.train.deterministic);
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-  DataConfig data = config.data;
+  // data.path and data.eval_path as run.yaml's folder resolves them (config/paths.h).
+  DataConfig data = resolved_data(config, local_rank == 0);
   if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
   s.precision = resolve_precision(config.train.precision, s.device);

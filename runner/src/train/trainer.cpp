@@ -163,9 +163,11 @@ class Trainer {
 
  private:
   /// status.json's fields of the step where the run ended: its epoch, its step and the loss of
-  /// its last step (not of the last logged one).
+  /// its last step (not of the last logged one). The epoch is 0-based in every state, as
+  /// metrics.jsonl's: a finished run's is its last, not the count (docs/architecture.md).
   nlohmann::json where_it_ended() const {
-    nlohmann::json fields = {{"epoch", epoch_}, {"global_step", global_step_}};
+    const int64_t epoch = std::max<int64_t>(0, std::min(epoch_, config_.train.epochs - 1));
+    nlohmann::json fields = {{"epoch", epoch}, {"global_step", global_step_}};
     if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
     return fields;
   }

@@ -54,16 +54,19 @@
     }
   };
 
-  // One colour per label on the whole page: a queue's run keeps its colour in every chart.
-  var colours = {};
-  function colourOf(label) {
-    if (!(label in colours)) colours[label] = palette[Object.keys(colours).length % palette.length];
-    return colours[label];
+  // gpurun gives every series a colour index, one per label on the whole page, counted over
+  // every series, empty or not: a queue's run keeps its colour in every chart, and a series
+  // keeps its colour from a live snapshot (no eval yet) to the finished run's page.
+  function colourOf(d) {
+    return palette[(typeof d.colour === 'number' ? d.colour : 0) % palette.length];
   }
 
   // Epochs are whole numbers, drawn half an epoch in from the edges so no point sits on one.
+  // Global steps are whole numbers too: no tick between two (a single step's axis showed
+  // 9.6, 9.8, 10, 10.2).
   function xScale(spec, datasets) {
     var scale = {type: 'linear', title: {display: true, text: spec.x_label}};
+    if (spec.x_axis === 'step') scale.ticks = {precision: 0, includeBounds: false};
     if (spec.x_axis !== 'epoch') return scale;
     var last = 1;
     datasets.forEach(function (d) {
@@ -82,7 +85,8 @@
   // A line of one value (a one-epoch run's accuracy, a constant lr): Chart.js would span
   // value - 1 to value + 1, which flattens an accuracy of 0.9 into the axis' middle. Span a
   // twentieth of the value on each side instead (a tenth for a logarithmic axis).
-  function flatAxis(axis, values, logarithmic) {
+  // A whole-number axis (global steps) spans at least one step each side.
+  function flatAxis(axis, values, logarithmic, whole) {
     var finite = values.filter(function (v) { return typeof v === 'number' && isFinite(v); });
     if (!finite.length || finite.some(function (v) { return v !== finite[0]; })) return axis;
     var v = finite[0];
@@ -92,6 +96,7 @@
       axis.max = v * 1.1;
     } else {
       var pad = v === 0 ? 1 : Math.abs(v) / 20;
+      if (whole) pad = Math.max(1, Math.round(pad));
       axis.min = v - pad;
       axis.max = v + pad;
     }
@@ -122,7 +127,7 @@
     app.appendChild(box);
     var datasets = spec.datasets.filter(function (d) { return d.points.length; })
       .map(function (d) {
-        var colour = colourOf(d.label);
+        var colour = colourOf(d);
         return {
           label: d.label,
           data: d.points.map(function (p) { return {x: p[0], y: p[1]}; }),
@@ -145,7 +150,8 @@
         parsing: false,
         scales: {
           x: spec.x_axis === 'epoch' ? xScale(spec, datasets) :
-            flatAxis(xScale(spec, datasets), values(datasets, 'x'), false),
+            flatAxis(xScale(spec, datasets), values(datasets, 'x'), false,
+                     spec.x_axis === 'step'),
           y: flatAxis({type: spec.y_scale === 'logarithmic' ? 'logarithmic' : 'linear',
                        title: {display: true, text: spec.y_label}},
                       values(datasets, 'y'), spec.y_scale === 'logarithmic')

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -99,6 +100,18 @@ json run_charts(const Analysis& a) {
   charts.push_back(chart("checkpoints", "Checkpoint stall and write", "step", "global step",
                          "seconds", {a.stall.to_json(), a.write.to_json()}));
   return charts;
+}
+
+/// One colour per label on the page (view/report.js draws the palette's colour of that index),
+/// counted over every dataset of every chart in order, empty ones included: a series keeps its
+/// colour whether or not another has points yet (a live snapshot before the first evaluation,
+/// a queue run that has not logged), and a queue's run has one colour in every chart.
+void assign_colours(json& charts) {
+  std::map<std::string, int> index;
+  for (json& c : charts)
+    for (json& d : c["datasets"])
+      d["colour"] =
+          index.emplace(d.value("label", ""), static_cast<int>(index.size())).first->second;
 }
 
 json table(const std::string& title, json columns, json rows) {
@@ -310,12 +323,14 @@ json run_report_data(const RunHistory& run) {
     tables.back()["collapsed"] = true;  // a hundred keys: shown on a click
   }
   if (!a.marks.empty()) tables.insert(tables.begin(), events_table(a));
+  json charts = run_charts(a);
+  assign_colours(charts);
   return {{"kind", "run"},
           {"title", absolute_path(run.dir)},
           {"generated", unix_seconds()},
           {"notes", notes_of(run, a)},
           {"summary", run_summary(run, a)},
-          {"charts", run_charts(a)},
+          {"charts", charts},
           {"marks", a.marks},
           {"tables", tables}};
 }
@@ -343,13 +358,12 @@ json queue_report_data(const std::string& dir) {
     } catch (const Error&) {
       // Not started yet, or nothing logged: a row without a line.
     }
-    if (a) {
-      Series l = a->train_loss, acc = a->eval_accuracy;
-      l.label = acc.label = r.name;
-      acc.style = "line";
-      loss.push_back(l.to_json());
-      accuracy.push_back(acc.to_json());
-    }
+    // Every run has its series, empty before it logs: its colour is its place in the queue.
+    Series l = a ? a->train_loss : Series(), acc = a ? a->eval_accuracy : Series();
+    l.label = acc.label = r.name;
+    acc.style = "line";
+    loss.push_back(l.to_json());
+    accuracy.push_back(acc.to_json());
     // A run recorded running under a queue that is gone was interrupted (queue_summary.h);
     // an exit belongs to a run whose last attempt ended.
     const bool interrupted = r.state == RunState::kRunning && queue_gone;
@@ -360,7 +374,7 @@ json queue_report_data(const std::string& dir) {
     rows.push_back({r.name, r.seed ? std::to_string(*r.seed) : "",
                     interrupted ? "interrupted" : run_state_name(r.state),
                     std::to_string(r.attempts), std::to_string(r.restarts), exit,
-                    r.wall_seconds > 0 ? format_duration(r.wall_seconds) : "",
+                    r.attempts > 0 ? format_duration(run_wall_seconds(dir, r, !queue_gone)) : "",
                     a ? std::to_string(a->last_global_step) : "",
                     a && number(a->last_step, "loss")
                         ? fmt::format("{:.4f}", *number(a->last_step, "loss"))
@@ -376,6 +390,7 @@ json queue_report_data(const std::string& dir) {
       chart("loss", "Train loss, one line per run", "step", "global step", "loss", loss, false));
   charts.push_back(chart("accuracy", "Eval accuracy per epoch, one line per run", "epoch", "epoch",
                          "accuracy", accuracy, false));
+  assign_colours(charts);
   json summary = json::array({json::array({"queue file", state->queue_file}),
                               json::array({"host", state->host}),
                               json::array({"runs", std::to_string(state->runs.size())}),

@@ -13,9 +13,9 @@
 // The object: {"kind": "run"|"queue", "title", "generated" (unix seconds), "notes": [text],
 // "summary": [[label, text]], "charts": [{"id", "title", "x_label", "y_label", "x_axis":
 // "step"|"epoch"|"minutes", "y_scale": "linear"|"logarithmic", "datasets": [{"label", "points":
-// [[x, y]], "style": "line"|"points"}], "marks": bool}], "marks": [{"kind", "label", "step",
-// "minutes"}], "tables": [{"title", "columns": [text], "rows": [[text]], "collapsed": bool
-// (optional)}]}.
+// [[x, y]], "style": "line"|"points", "colour": index}], "marks": bool}], "marks": [{"kind",
+// "label", "step", "minutes"}], "tables": [{"title", "columns": [text], "rows": [[text]],
+// "collapsed": bool (optional)}]}.
 #pragma once
 
 #include <string>

@@ -2,6 +2,8 @@
 // helpers of the scheduler (queue/queue_runner.h), on real files in a temporary directory.
 #include "queue/queue_file.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -121,12 +123,31 @@ TEST_F(QueueFileTest, EmptyQueuesAndDuplicateNamesAreRefused) {
   EXPECT_NE(error_of("").find("must be a mapping"), std::string::npos);
   EXPECT_NE(error_of("set: [a=1]\n").find("defines no runs"), std::string::npos);
   EXPECT_NE(error_of("config: run.yaml\nseeds: []\n").find("defines no runs"), std::string::npos);
-  const std::string dup = error_of("config: run.yaml\nseeds: [1, 1]\n");
-  EXPECT_NE(dup.find("two runs are named seed-1"), std::string::npos) << dup;
   EXPECT_NE(error_of("config: run.yaml\nseeds: [1]\nruns: [{name: seed-1}]\n")
                 .find("two runs are named seed-1"),
             std::string::npos);
   EXPECT_NE(error_of("config: run.yaml\nseeds: [1\n").find("not valid YAML"), std::string::npos);
+}
+
+TEST_F(QueueFileTest, ASeedListedTwiceNamesBothEntries) {
+  // One line, two places: the message must tell them apart (it named the same line twice).
+  const std::string flow = error_of("config: run.yaml\nseeds: [1, 2, 1]\n");
+  EXPECT_NE(flow.find("seeds lists 1 twice"), std::string::npos) << flow;
+  EXPECT_NE(flow.find("1st entry (q.yaml:2:9)"), std::string::npos) << flow;
+  EXPECT_NE(flow.find("3rd (q.yaml:2:15)"), std::string::npos) << flow;
+  const std::string block = error_of("config: run.yaml\nseeds:\n  - 5\n  - 6\n  - 5\n");
+  EXPECT_NE(block.find("(q.yaml:3:5)"), std::string::npos) << block;
+  EXPECT_NE(block.find("(q.yaml:5:5)"), std::string::npos) << block;
+}
+
+TEST_F(QueueFileTest, ANegativeSeedIsNamedWithAnM) {
+  const QueueFile q =
+      parse("config: run.yaml\nseeds: [-1, 1]\nruns:\n  - {config: sub/other.yaml, seed: -12}\n");
+  ASSERT_EQ(q.runs.size(), 3u);
+  EXPECT_EQ(q.runs[0].name, "seed-m1");
+  EXPECT_EQ(q.runs[0].sets.back(), "train.seed=-1");
+  EXPECT_EQ(q.runs[1].name, "seed-1");
+  EXPECT_EQ(q.runs[2].name, "other-seed-m12");
 }
 
 TEST_F(QueueFileTest, LoadResolvesConfigsFromTheQueueFilesFolder) {
@@ -134,7 +155,23 @@ TEST_F(QueueFileTest, LoadResolvesConfigsFromTheQueueFilesFolder) {
   const QueueFile q = load_queue_file(dir_ / "sub/q.yaml");
   ASSERT_EQ(q.runs.size(), 1u);
   EXPECT_EQ(q.runs[0].config_path, dir_ / "sub/other.yaml");
+  EXPECT_EQ(q.path, dir_ / "sub/q.yaml");
   EXPECT_THROW(load_queue_file(dir_ / "none.yaml"), ConfigError);
+  // A relative queue file is kept absolute: queue.json and `gpurun status` name it from
+  // anywhere (they showed "sub/q.yaml").
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(::chdir(dir_.path().c_str()), 0);
+  QueueFile relative;
+  try {
+    relative = load_queue_file("sub/./q.yaml");
+  } catch (...) {
+    ASSERT_EQ(::chdir(cwd), 0);
+    throw;
+  }
+  ASSERT_EQ(::chdir(cwd), 0);
+  EXPECT_EQ(relative.path, dir_ / "sub/q.yaml");
+  EXPECT_EQ(relative.runs.at(0).config_path, dir_ / "sub/other.yaml");
 }
 
 TEST(QueueFile, TheExampleQueueParses) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -201,6 +203,60 @@ TEST(RunReport, AQueueStateThatDoesNotParseIsBadInput) {
   } catch (const gpurun::ConfigError& e) {  // exit 2, as a broken metrics.jsonl
     EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
   }
+}
+
+/// label -> colour index of every dataset of the page's charts.
+std::map<std::string, int> colours_of(const json& data) {
+  std::map<std::string, int> out;
+  for (const json& c : data["charts"])
+    for (const json& d : c["datasets"]) {
+      EXPECT_TRUE(d.contains("colour")) << d.dump();
+      const int colour = d.value("colour", -1);
+      const auto [it, fresh] = out.emplace(d["label"].get<std::string>(), colour);
+      EXPECT_EQ(it->second, colour) << "two colours for " << it->first;
+    }
+  return out;
+}
+
+// Issue 31, item 8: colours followed the order of the series that had points, so that a live
+// snapshot (no evaluation yet) and the finished run's page drew the train loss in two colours.
+TEST(RunReport, EachSeriesKeepsItsColourFromALiveSnapshotToTheFinishedPage) {
+  gpurun::RunHistory live;
+  live.dir = "/runs/x";
+  live.events = {
+      {{"event", "plan"}, {"time", 1.0}, {"global_step", 0}, {"measured_peak_bytes", 1000}},
+      {{"event", "step"},
+       {"time", 2.0},
+       {"epoch", 0},
+       {"global_step", 1},
+       {"loss", 2.0},
+       {"lr", 0.1},
+       {"samples_per_second", 10.0}}};
+  gpurun::RunHistory finished = live;
+  finished.events.push_back({{"event", "epoch"},
+                             {"time", 3.0},
+                             {"epoch", 0},
+                             {"global_step", 1},
+                             {"train_loss", 2.0},
+                             {"eval_loss", 1.5},
+                             {"eval_accuracy", 0.5},
+                             {"seconds", 1.0},
+                             {"peak_bytes", 1000}});
+  finished.events.push_back({{"event", "checkpoint"},
+                             {"time", 3.5},
+                             {"global_step", 1},
+                             {"epoch", 1},
+                             {"bytes", 10},
+                             {"stall_seconds", 0.1},
+                             {"write_seconds", 0.2}});
+  finished.events.push_back({{"event", "done"}, {"time", 4.0}, {"exit_code", 0}});
+  const auto before = colours_of(gpurun::run_report_data(live));
+  const auto after = colours_of(gpurun::run_report_data(finished));
+  EXPECT_EQ(before, after);
+  EXPECT_NE(before.at("train loss"), before.at("eval loss"));
+  std::set<int> distinct;
+  for (const auto& [label, colour] : before) distinct.insert(colour);
+  EXPECT_EQ(distinct.size(), before.size()) << "two series share a colour";
 }
 
 TEST(RunReport, ThePageIsOneSelfContainedDocumentWhateverTheConfigHolds) {
