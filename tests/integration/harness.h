@@ -82,6 +82,9 @@ std::vector<std::string> with_sets(std::vector<std::string> args,
 /// True when `text` contains `part`.
 bool contains(const std::string& text, const std::string& part);
 
+/// How many times `part` occurs in `text` (overlapping occurrences counted).
+size_t count_of(const std::string& text, const std::string& part);
+
 /// Sleeps `seconds`.
 void sleep_for(double seconds);
 

@@ -106,13 +106,6 @@ TEST(PlanSafety, PlanStopsAtTheFirstSigtermOrSigintAndNeverTalksOfResume) {
   EXPECT_FALSE(contains(interrupt.err, "--resume")) << interrupt.err;
 }
 
-/// The number of times `part` occurs in `text`.
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 // A plan of a 25.6 M-parameter gpt took 7 minutes: it probed fp32, bf16 and fp16 with real
 // steps, and the card table's lines with three more. Now it runs the plan's own probes (one
 // training probe that fits as configured, evaluation, checkpoint capture and loading), measures
@@ -129,8 +122,8 @@ TEST(PlanSafety, PlanProbesOnlyWhatTheDecisionNeedsAndReportsOneStepTime) {
       "train: {epochs: 1, batch_size: 16, eval_batch_size: 32, precision: bf16, threads: 1}\n");
   const Result plan = run_gpurun({"plan", config, "--json"});
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
-  EXPECT_EQ(count(plan.err, "probing micro-batch"), 1u) << plan.err;
-  EXPECT_EQ(count(plan.err, "probing the plan's step under"), 0u) << plan.err;
+  EXPECT_EQ(count_of(plan.err, "probing micro-batch"), 1u) << plan.err;
+  EXPECT_EQ(count_of(plan.err, "probing the plan's step under"), 0u) << plan.err;
   const nlohmann::json j = nlohmann::json::parse(plan.out);
   EXPECT_EQ(j["reason"], "fits as configured");
   const double step = j["optimizer_step_seconds"];
@@ -159,7 +152,7 @@ TEST(PlanSafety, PlanProbesOnlyWhatTheDecisionNeedsAndReportsOneStepTime) {
 
   const Result text = run_gpurun({"plan", config});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_EQ(count(text.out, "s per optimizer step (1 micro-batch of 16, measured)"), 1u)
+  EXPECT_EQ(count_of(text.out, "s per optimizer step (1 micro-batch of 16, measured)"), 1u)
       << text.out;
   EXPECT_TRUE(contains(text.out, "not probed (--probe-precisions)")) << text.out;
 }

@@ -232,6 +232,15 @@ std::map<int64_t, double> series(const std::string& run_dir, const std::string& 
 /// intervals and the checkpoints fall apart, an interval spans each epoch end.
 const std::vector<std::string> kIntervalSets{"log.every_steps=5", "checkpoint.every_steps=7"};
 
+/// The resumed run `ckpt` logged what the uninterrupted `full` did: every step event's loss and
+/// lr, every epoch's train_loss, and it ends with the same weights.
+void expect_the_same_run(const std::string& ckpt, const std::string& full) {
+  for (const char* field : {"loss", "lr"})
+    EXPECT_EQ(series(ckpt, "step", field), series(full, "step", field)) << field;
+  EXPECT_EQ(series(ckpt, "epoch", "train_loss"), series(full, "epoch", "train_loss"));
+  EXPECT_EQ(inspect(ckpt)["model_digest"], inspect(full)["model_digest"]);
+}
+
 // Issue 31 item 5: the first step event after a resume is the mean since the previous step
 // event, of the steps before the checkpoint as well, so the logged curve is the uninterrupted
 // one. Killed after step 30 with the checkpoint of step 28 complete (synchronous saves): the
@@ -257,9 +266,7 @@ TEST(ResumedSeries, TheLossAfterAResumeIsTheMeanSinceThePreviousStepEvent) {
   const auto got = series(ckpt, "step", "loss");
   EXPECT_EQ(got, expected);
   EXPECT_EQ(got.at(30), expected.at(30)) << "the first event after the resume";
-  EXPECT_EQ(series(ckpt, "step", "lr"), series(full, "step", "lr"));
-  EXPECT_EQ(series(ckpt, "epoch", "train_loss"), series(full, "epoch", "train_loss"));
-  EXPECT_EQ(inspect(ckpt)["model_digest"], inspect(full)["model_digest"]);
+  expect_the_same_run(ckpt, full);
 }
 
 // The same at every resume point: SIGKILLed after each of its first 4 checkpoints, whichever
@@ -289,10 +296,7 @@ TEST(ResumedSeries, RandomKillsKeepEveryLoggedSeriesOfTheUninterruptedRun) {
   }
   EXPECT_EQ(kills, 4);
   EXPECT_GE(events(ckpt, "resume").size(), 3u);
-  for (const char* field : {"loss", "lr"})
-    EXPECT_EQ(series(ckpt, "step", field), series(full, "step", field)) << field;
-  EXPECT_EQ(series(ckpt, "epoch", "train_loss"), series(full, "epoch", "train_loss"));
-  EXPECT_EQ(inspect(ckpt)["model_digest"], inspect(full)["model_digest"]);
+  expect_the_same_run(ckpt, full);
 }
 
 // Issue 31 item 4: train.epochs below the checkpoint is refused (exit 3, never retried), equal

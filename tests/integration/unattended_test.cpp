@@ -234,11 +234,7 @@ TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {
   // Three runs of the worker, counted by the supervisor: the events of a run that aborts a
   // few milliseconds after its plan may not have reached metrics.jsonl (a background writer,
   // under load), as after any abort.
-  size_t starts = 0;
-  for (size_t at = r.err.find("starting (restart"); at != std::string::npos;
-       at = r.err.find("starting (restart", at + 1))
-    ++starts;
-  EXPECT_EQ(starts, 3u) << r.err;
+  EXPECT_EQ(count_of(r.err, "starting (restart"), 3u) << r.err;
   EXPECT_GE(events(dir / "ckpt", "resume").size(), 1u);  // the clean run's, at least
   EXPECT_TRUE(contains(r.err, "SIGABRT")) << r.err;
 }
