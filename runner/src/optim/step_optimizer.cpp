@@ -1,0 +1,66 @@
+#include "optim/step_optimizer.h"
+
+#include <torch/optim/optimizer.h>
+
+#include "gpurun/errors.h"
+#include "optim/flat_optimizer.h"
+#include "optim/step_collectives.h"
+#include "train/optimizer.h"
+#include "train/precision.h"
+
+namespace gpurun {
+namespace {
+
+/// LibTorch's optimizer, its state replicated on every rank; gradients all-reduced (DDP).
+class ReplicatedOptimizer final : public StepOptimizer {
+ public:
+  ReplicatedOptimizer(const OptimConfig& optim, std::vector<at::Tensor> params,
+                      StepCollectives* comm)
+      : params_(std::move(params)), optimizer_(make_optimizer(optim, params_)), comm_(comm) {}
+
+  void zero_grad() override { optimizer_->zero_grad(); }
+  void release_gradients() override {
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  }
+  void reduce_gradients(std::vector<double>& control) override {
+    if (comm_) comm_->sync_gradients(params_, control);
+  }
+  void unscale(GradScaler& scaler) override { scaler.unscale(params_); }
+  double clip_grad_norm(double max_norm) override {
+    return gpurun::clip_grad_norm(params_, max_norm);
+  }
+  bool step(double lr, GradScaler* scaler) override {
+    set_learning_rate(*optimizer_, lr);
+    if (scaler) return scaler->step(*optimizer_, params_);
+    optimizer_->step();
+    return true;
+  }
+  torch::optim::Optimizer* replicated() override { return optimizer_.get(); }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  StepCollectives* comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepOptimizer> make_step_optimizer(
+    const OptimConfig& optim, const OptimizerPlacement& placement,
+    const std::vector<std::pair<std::string, at::Tensor>>& params, StepCollectives* comm,
+    c10::ScalarType half) {
+  if (!placement.flat()) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& entry : params) tensors.push_back(entry.second);
+    return std::make_unique<ReplicatedOptimizer>(optim, std::move(tensors), comm);
+  }
+  FlatOptimizerOptions options;
+  options.release_gradients = placement.shard == "gradients";
+  options.master_weights = placement.master_weights;
+  options.half = half;
+  options.offload = placement.offload;
+  return std::make_unique<FlatOptimizer>(optim, options, params, comm, comm ? comm->rank() : 0,
+                                         comm ? comm->world_size() : 1);
+}
+
+}  // namespace gpurun
