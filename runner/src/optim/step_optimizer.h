@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "gpurun/config.h"
+#include "train/precision.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -66,6 +67,15 @@ struct OptimizerPlacement {
   bool offload = false;         ///< state, master weights and step in host memory
   bool flat() const { return shard != "none" || master_weights || offload; }
 };
+
+/// The placement `config` asks for in a run of `world_size` ranks training in `precision`:
+/// distributed.shard auto is none (the planner's choice comes later), master weights only
+/// under a 16-bit precision; logs what it chose and, for a setting that does nothing here
+/// (sharding one rank, master weights in fp32), why.
+OptimizerPlacement resolve_placement(const RunConfig& config, int world_size, Precision precision);
+
+/// The 16-bit dtype of master-weight runs: fp16 for fp16, else bf16.
+c10::ScalarType half_dtype(Precision precision);
 
 /// `params`: the model's trainable parameters by name, in trainable_parameters()' order.
 /// A replicated placement gives LibTorch's optimizer (train/optimizer.h) with `comm`'s

@@ -94,8 +94,10 @@ class Trainer {
       plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
       checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
       log_plan(config_, session_, plan_);
-      optimizer_ = make_step_optimizer(config_.optim, placement(), named_trainable_parameters(),
-                                       comm_.get(), half_dtype());
+      optimizer_ = make_step_optimizer(
+          config_.optim, resolve_placement(config_, world_, session_.precision.precision),
+          named_trainable_parameters(*model_), comm_.get(),
+          half_dtype(session_.precision.precision));
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
@@ -373,46 +375,10 @@ class Trainer {
     }
   }
 
-  /// distributed.shard, optim.master_weights and optim.offload, resolved for this run.
-  OptimizerPlacement placement() const {
-    OptimizerPlacement p;
-    const std::string& shard = config_.distributed.shard;
-    p.shard = shard == "auto" ? "none" : shard;
-    if (world_ == 1 && p.shard != "none")
-      spdlog::info(
-          "distributed.shard: {} with one rank: nothing to shard; the flat optimizer holds the "
-          "whole state",
-          shard);
-    p.master_weights =
-        config_.optim.master_weights && session_.precision.precision != Precision::kFp32;
-    if (config_.optim.master_weights && !p.master_weights)
-      spdlog::info("optim.master_weights: the run trains in fp32; its weights are the master");
-    p.offload = config_.optim.offload == "host";
-    spdlog::info("optimizer: {}{}{}",
-                 p.shard == "none"
-                     ? (p.flat() ? std::string("flat, not sharded") : std::string("replicated"))
-                     : "sharded (" + p.shard + ") over " + std::to_string(world_) + " ranks",
-                 p.master_weights ? ", 16-bit weights with fp32 master weights" : "",
-                 p.offload ? ", state and step in host memory" : "");
-    return p;
-  }
-
   torch::optim::Optimizer& replicated_optimizer() {
     if (!optimizer_->replicated())
       throw Error("checkpoints of the flat optimizer's state are not written yet");
     return *optimizer_->replicated();
-  }
-
-  /// The 16-bit dtype of master-weight runs: the precision's.
-  c10::ScalarType half_dtype() const {
-    return session_.precision.precision == Precision::kFp16 ? at::kHalf : at::kBFloat16;
-  }
-
-  std::vector<std::pair<std::string, at::Tensor>> named_trainable_parameters() const {
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& entry : model_->named_parameters())
-      if (entry.value().requires_grad()) out.emplace_back(entry.key(), entry.value());
-    return out;
   }
 
   /// Test-only (GPURUN_FAULT=hog:after_step:N): holds the capacity the plan left free less
