@@ -2,6 +2,7 @@
 // (LibTorch's AdamW with DDP's all-reduce) over a real Gloo process group on 127.0.0.1, ranks
 // as threads of this process.
 
+#include <torch/cuda.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
@@ -93,6 +94,8 @@ struct RunSetup {
   std::string optimizer = "adamw";
   double grad_clip = 1e9;  // computes the norm, clips nothing
   bool fp16 = false;
+  c10::Device device = c10::kCPU;
+  bool collectives_at_one_rank = false;  // a process group of one (NCCL's path on one card)
 };
 
 /// kSteps optimizer steps of `world` ranks (threads), rank r taking every world-th sample of
@@ -107,24 +110,27 @@ std::vector<RankResult> train(int world, const RunSetup& setup) {
   optim.momentum = setup.optimizer == "sgd" ? 0.9 : 0.0;
   std::vector<RankResult> results(static_cast<size_t>(world));
   std::vector<std::shared_ptr<SegmentedModel>> models;
-  for (int r = 0; r < world; ++r) models.push_back(model());
+  for (int r = 0; r < world; ++r) {
+    models.push_back(model());
+    models.back()->to(setup.device);
+  }
   const int port = find_free_port();
   auto rank_main = [&](int rank) {
     RankResult& out = results[static_cast<size_t>(rank)];
     try {
       std::unique_ptr<Collectives> comm;
-      if (world > 1) {
+      if (world > 1 || setup.collectives_at_one_rank) {
         DistEnv env;
         env.rank = env.local_rank = rank;
         env.world_size = env.local_world_size = world;
         env.master_port = port;
-        comm = Collectives::connect(env, c10::kCPU, 60);
+        comm = Collectives::connect(env, setup.device, 60);
       }
       SegmentedModel& m = *models[static_cast<size_t>(rank)];
       auto opt = make_step_optimizer(optim, setup.placement, named(m), comm.get(),
                                      setup.fp16 ? at::kHalf : at::kBFloat16);
       std::optional<GradScaler> scaler;
-      if (setup.fp16) scaler.emplace(c10::Device(c10::kCPU));
+      if (setup.fp16) scaler.emplace(setup.device);
       const Precision precision = setup.placement.master_weights
                                       ? (setup.fp16 ? Precision::kFp16 : Precision::kBf16)
                                       : Precision::kFp32;
@@ -132,7 +138,7 @@ std::vector<RankResult> train(int world, const RunSetup& setup) {
         opt->zero_grad();
         const at::Tensor window = torch::arange(step * kGlobal, (step + 1) * kGlobal);
         const at::Tensor shard = window.slice(0, rank, kGlobal, world).contiguous();
-        accumulate_gradients(m, data, shard, 4, c10::kCPU, kGlobal, cross_entropy,
+        accumulate_gradients(m, data, shard, 4, setup.device, kGlobal, cross_entropy,
                              {precision, scaler ? scaler->scale() : at::Tensor()});
         std::vector<double> control{1.0};
         opt->reduce_gradients(control);
@@ -142,7 +148,7 @@ std::vector<RankResult> train(int world, const RunSetup& setup) {
         opt->step(0.01, scaler ? &*scaler : nullptr);
         if (scaler) scaler->update();
       }
-      out.weights = flat_weights(m);
+      out.weights = flat_weights(m).cpu();
       if (FlatOptimizer* flat = opt->flat()) out.state_bytes = flat->state_bytes();
       if (comm) out.moved_bytes = comm->stats().moved_bytes(world);
     } catch (const std::exception& e) {
@@ -281,6 +287,27 @@ TEST(FlatOptimizer, ParametersOfMixedDtypesAreAConfigError) {
   auto params = named(*m);
   params[1].second.set_data(params[1].second.to(at::kDouble));
   EXPECT_THROW(FlatOptimizer(OptimConfig{}, {}, params, nullptr), ConfigError);
+}
+
+// On a card, through ProcessGroupNCCL with one rank: the reduce-scatter and all-gather of the
+// sharded step, 16-bit weights with fp32 masters, and the state offloaded to pinned host
+// memory, each against the replicated step on the same card.
+TEST(FlatOptimizer, NcclOneRankShardedMasterWeightsAndOffload_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  RunSetup ddp;
+  ddp.device = c10::Device(c10::kCUDA, 0);
+  ddp.collectives_at_one_rank = true;
+  const auto replicated = train(1, ddp);
+  RunSetup flat = ddp;
+  flat.placement.shard = "optimizer";
+  EXPECT_LT(relative_norm_difference(train(1, flat)[0].weights, replicated[0].weights), kTolerance);
+  RunSetup offload = flat;
+  offload.placement.offload = true;  // the update on the CPU, its kernel another than CUDA's
+  EXPECT_LT(relative_norm_difference(train(1, offload)[0].weights, replicated[0].weights),
+            kTolerance);
+  RunSetup master = flat;
+  master.placement.master_weights = true;
+  EXPECT_LT(relative_norm_difference(train(1, master)[0].weights, replicated[0].weights), 2e-2);
 }
 
 }  // namespace
