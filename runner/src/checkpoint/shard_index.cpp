@@ -164,7 +164,9 @@ std::string check_sharded_manifest(const json& manifest) {
     const int64_t states_bytes =
         static_cast<int64_t>(index.states.size() - (index.states.empty() ? 0 : 1)) *
         index.section_bytes();
-    for (const ShardedParameter& p : index.parameters)
+    // Without a state (SGD without momentum, no master) the files are empty: nothing to hold.
+    for (const ShardedParameter& p :
+         index.states.empty() ? std::vector<ShardedParameter>{} : index.parameters)
       for (const ShardChunk& c : p.chunks)
         if (c.byte_offset + c.range.size() * 4 + states_bytes > sizes[c.file])
           return "manifest.json: " + p.name + "'s elements [" + std::to_string(c.range.begin) +

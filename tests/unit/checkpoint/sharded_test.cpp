@@ -10,7 +10,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -21,8 +28,10 @@
 #include "common/temp_dir.h"
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/export_state.h"
 #include "checkpoint/folder.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/pickle.h"
 #include "checkpoint/shard_index.h"
 #include "checkpoint/sharded_state.h"
 #include "distributed/collectives.h"
@@ -354,6 +363,145 @@ TEST(ShardedCheckpoint, AManifestThatDisagreesWithItsShardsIsDamaged) {
   unlisted.erase(kShardedOptimizerKey);
   EXPECT_NE(check_sharded_manifest(unlisted), "");
   EXPECT_EQ(ShardIndex::from_json(m[kShardedOptimizerKey]).to_json(), m[kShardedOptimizerKey]);
+}
+
+/// Saves `model` (fp32 weights, trainable) at step 0 as a one-process sharded checkpoint with
+/// master weights (its model.pt in bf16, the fp32 master in the shard); returns its folder.
+std::string save_master_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                   const OptimConfig& optim) {
+  FlatOptimizerOptions options;
+  options.master_weights = true;
+  FlatOptimizer opt(optim, options, trainable(model), nullptr, 0, 1);
+  RunConfig config;
+  config.checkpoint.async = false;
+  Reporter reporter(dir, true, 0);
+  Checkpointer checkpointer(config, {dir, false, false}, reporter, nullptr);
+  checkpointer.claim_directory();
+  CheckpointMeta meta = meta_of(1, 1);
+  meta.config["optim"]["name"] = optim.name;
+  checkpointer.save(meta, model, opt);
+  checkpointer.drain();
+  return checkpointer.last_checkpoint();
+}
+
+LoadedCheckpoint verified(const std::string& path) { return CheckpointStore::load(path); }
+
+TEST(ShardedCheckpoint, ExportWritesTheFp32MasterAsAStateDictThatPythonLoadsStrictly) {
+  test::TempDir dir("shard");
+  auto model = make_model(7);
+  Named fp32;
+  for (const auto& [name, t] : state_dict(*model)) fp32.emplace_back(name, t.clone());
+  const std::string path = save_master_checkpoint(dir.path(), *model, adamw());
+  // model.pt holds bf16 weights; the export holds the fp32 master, bit for bit.
+  EXPECT_EQ(load_model_tensors(verified(path)).front().second.scalar_type(), at::kBFloat16);
+  const std::string out = dir / "exported.pt";
+  export_fp32_state_dict(verified(path), out);
+  const NamedTensors exported = unpickle_tensors(fs::read_file(out), out);
+  ASSERT_EQ(exported.size(), fp32.size());
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_EQ(exported[i].first, fp32[i].first);
+    EXPECT_TRUE(torch::equal(exported[i].second, fp32[i].second)) << fp32[i].first;
+  }
+  const std::string script = dir / "load.py";
+  std::ofstream(script) << "import sys, torch\n"
+                           "m = torch.nn.Sequential(torch.nn.Linear(20, 33), torch.nn.ReLU(), "
+                           "torch.nn.Linear(33, 7))\n"
+                           "sd = torch.load(sys.argv[1], weights_only=True)\n"
+                           "assert all(t.dtype == torch.float32 for t in sd.values())\n"
+                           "m.load_state_dict(sd, strict=True)\n"
+                           "print('loaded', len(sd))\n";
+  const std::string command = std::string(GPURUN_PYTHON) + " " + script + " " + out;
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+/// Resident bytes of this process now (/proc/self/statm).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+TEST(ShardedCheckpoint, ExportNeedsAtMostTheLargestTensorPlus64MiB) {
+  test::TempDir dir("shard");
+  // Ten 2048 x 2048 layers: 160 MiB of fp32 weights, the largest tensor 16 MiB.
+  torch::manual_seed(3);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 10; ++i) model->push_back(torch::nn::Linear(2048, 2048));
+  OptimConfig sgd;
+  sgd.name = "sgd";  // no momentum: the master is the whole shard
+  const std::string path = save_master_checkpoint(dir.path(), *model, sgd);
+  const LoadedCheckpoint checkpoint = verified(path);
+  const std::string out = dir / "exported.pt";
+  // In a child, so that its peak resident size (wait4's ru_maxrss) is the export's alone,
+  // over what the child inherited.
+  const int64_t before = resident_bytes();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      export_fp32_state_dict(checkpoint, out);
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  int status = 0;
+  rusage usage{};
+  ASSERT_EQ(::wait4(child, &status, 0, &usage), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024 - before;
+  const int64_t largest = 2048 * 2048 * 4;
+  EXPECT_LE(peak, largest + (64LL << 20)) << "the export's peak above its parent: " << peak;
+  EXPECT_EQ(fs::file_size(out) / (1 << 20), 160);  // the whole model was written
+}
+
+/// Two saves of one process, the second killed by GPURUN_FAULT at `fault` (a death test in a
+/// fresh process: the fault hooks read the environment once); then a resume takes `expect`.
+void killed_save(const std::string& fault, int64_t expect) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  test::TempDir dir("shard");
+  ::setenv("GPURUN_FAULT", fault.c_str(), 1);
+  EXPECT_EXIT(
+      {
+        auto model = make_model(7);
+        FlatOptimizerOptions options;
+        options.master_weights = true;
+        FlatOptimizer opt(adamw(), options, trainable(*model), nullptr, 0, 1);
+        RunConfig config;
+        Reporter reporter(dir.path(), true, 0);
+        Checkpointer checkpointer(config, {dir.path(), false, false}, reporter, nullptr);
+        checkpointer.claim_directory();
+        for (int s = 1; s <= 2; ++s) {
+          train(model, opt, 0, s, 1);
+          checkpointer.save(meta_of(s, 1), *model, opt);
+          checkpointer.drain();
+        }
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  ::unsetenv("GPURUN_FAULT");
+  CheckpointStore store(dir.path(), 3);
+  store.clean_temporaries();
+  const std::optional<LoadedCheckpoint> loaded = store.load_latest(/*verify=*/true);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->meta.global_step, expect) << fault;
+  auto model = make_model(1);
+  FlatOptimizerOptions options;
+  options.master_weights = true;
+  FlatOptimizer opt(adamw(), options, trainable(*model), nullptr, 0, 1);
+  EXPECT_TRUE(restore_state(*loaded, *model, opt, 0));
+  EXPECT_EQ(opt.step_count(), expect);
+}
+
+TEST(ShardedCheckpointFaults, KilledDuringTheShardWriteResumesThePrevious) {
+  killed_save("sigkill:shard_write:2", 1);
+}
+TEST(ShardedCheckpointFaults, KilledBeforeTheManifestResumesThePrevious) {
+  killed_save("sigkill:before_manifest:2", 1);
+}
+TEST(ShardedCheckpointFaults, KilledBeforeLatestResumesTheNewComplete) {
+  killed_save("sigkill:before_latest:2", 2);
 }
 
 }  // namespace
