@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -76,7 +77,11 @@ void train(torch::nn::Sequential& model, StepOptimizer& opt, int rank, int first
   for (int s = first; s < first + steps; ++s) {
     opt.zero_grad();
     const at::Tensor x =
-        at::arange(160, at::kFloat).reshape({8, 20}).mul(0.01 * (rank + 1) + 0.1 * s).sin();
+        at::arange(160, at::kFloat)
+            .reshape({8, 20})
+            .mul(0.01 * (rank + 1) + 0.1 * s)
+            .sin()
+            .to(model->parameters().front().scalar_type());  // bf16 with master weights
     model->forward(x).pow(2).mean().backward();
     std::vector<double> control;
     opt.reduce_gradients(control);
@@ -117,6 +122,7 @@ struct Saved {
   int64_t steps = 0;
   at::Tensor cpu_rng;
   std::string path;
+  int world = 1;  ///< of the saving run: ranks beyond it find no generator state of theirs
 };
 
 CheckpointMeta meta_of(int64_t step, int world) {
@@ -135,6 +141,7 @@ Saved train_and_save(const std::string& dir, int world, bool master, int saves =
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model(7));  // on this thread: one stream
   Saved saved;
+  saved.world = world;
   saved.cpu_rng = rng_state(default_generator(at::kCPU));
   std::mutex mutex;
   std::map<std::string, at::Tensor> flat_state;  // state -> padded flat buffer
@@ -208,7 +215,7 @@ void resume_and_check(const Saved& saved, int world, bool master) {
     FlatOptimizer opt(adamw(), options, trainable(*models[rank]), comm, rank, world);
     const LoadedCheckpoint loaded = CheckpointStore::load(saved.path);
     EXPECT_EQ(loaded.meta.extra["grad_scaler"]["scale"], 1024.0);
-    EXPECT_TRUE(restore_state(loaded, *models[rank], opt, rank));
+    EXPECT_EQ(restore_state(loaded, *models[rank], opt, rank), rank < saved.world);
     EXPECT_EQ(opt.step_count(), saved.steps);
     for (const auto& [name, live] : opt.state())
       EXPECT_TRUE(torch::equal(live, expected_slice(saved, name, opt.layout(), rank)))
@@ -351,7 +358,7 @@ TEST(ShardedCheckpoint, AManifestThatDisagreesWithItsShardsIsDamaged) {
                 {shard_file_name(1, 2), {{"bytes", bytes}, {"xxh3", "0"}}}};
   EXPECT_EQ(check_sharded_manifest(m), "");
   json shorter = m;
-  shorter["files"][shard_file_name(1, 2)]["bytes"] = bytes - 4;
+  shorter["files"][shard_file_name(1, 2)]["bytes"] = 16;
   EXPECT_NE(check_sharded_manifest(shorter).find("reach past"), std::string::npos);
   json missing = m;
   missing["files"].erase(shard_file_name(0, 2));
@@ -367,11 +374,18 @@ TEST(ShardedCheckpoint, AManifestThatDisagreesWithItsShardsIsDamaged) {
 
 /// Saves `model` (fp32 weights, trainable) at step 0 as a one-process sharded checkpoint with
 /// master weights (its model.pt in bf16, the fp32 master in the shard); returns its folder.
-std::string save_master_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                   const OptimConfig& optim) {
+std::string save_master_checkpoint(const std::string& dir, torch::nn::Sequential& model,
+                                   const OptimConfig& optim, int steps = 0,
+                                   Named* master = nullptr) {
   FlatOptimizerOptions options;
   options.master_weights = true;
-  FlatOptimizer opt(optim, options, trainable(model), nullptr, 0, 1);
+  FlatOptimizer opt(optim, options, trainable(*model), nullptr, 0, 1);
+  train(model, opt, 0, 0, steps);
+  if (master) {
+    const at::Tensor flat = opt.state().back().second;  // "master", the last state
+    for (const FlatParameter& p : opt.layout().parameters())
+      master->emplace_back(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape).clone());
+  }
   RunConfig config;
   config.checkpoint.async = false;
   Reporter reporter(dir, true, 0);
@@ -379,7 +393,7 @@ std::string save_master_checkpoint(const std::string& dir, torch::nn::Module& mo
   checkpointer.claim_directory();
   CheckpointMeta meta = meta_of(1, 1);
   meta.config["optim"]["name"] = optim.name;
-  checkpointer.save(meta, model, opt);
+  checkpointer.save(meta, *model, opt);
   checkpointer.drain();
   return checkpointer.last_checkpoint();
 }
@@ -390,10 +404,11 @@ TEST(ShardedCheckpoint, ExportWritesTheFp32MasterAsAStateDictThatPythonLoadsStri
   test::TempDir dir("shard");
   auto model = make_model(7);
   Named fp32;
-  for (const auto& [name, t] : state_dict(*model)) fp32.emplace_back(name, t.clone());
-  const std::string path = save_master_checkpoint(dir.path(), *model, adamw());
+  const std::string path = save_master_checkpoint(dir.path(), model, adamw(), 2, &fp32);
   // model.pt holds bf16 weights; the export holds the fp32 master, bit for bit.
-  EXPECT_EQ(load_model_tensors(verified(path)).front().second.scalar_type(), at::kBFloat16);
+  const NamedTensors bf16 = load_model_tensors(verified(path));
+  EXPECT_EQ(bf16.front().second.scalar_type(), at::kBFloat16);
+  EXPECT_FALSE(torch::equal(bf16.front().second.to(at::kFloat), fp32.front().second));
   const std::string out = dir / "exported.pt";
   export_fp32_state_dict(verified(path), out);
   const NamedTensors exported = unpickle_tensors(fs::read_file(out), out);
@@ -430,7 +445,7 @@ TEST(ShardedCheckpoint, ExportNeedsAtMostTheLargestTensorPlus64MiB) {
   for (int i = 0; i < 10; ++i) model->push_back(torch::nn::Linear(2048, 2048));
   OptimConfig sgd;
   sgd.name = "sgd";  // no momentum: the master is the whole shard
-  const std::string path = save_master_checkpoint(dir.path(), *model, sgd);
+  const std::string path = save_master_checkpoint(dir.path(), model, sgd);
   const LoadedCheckpoint checkpoint = verified(path);
   const std::string out = dir / "exported.pt";
   // In a child, so that its peak resident size (wait4's ru_maxrss) is the export's alone,
@@ -460,7 +475,13 @@ TEST(ShardedCheckpoint, ExportNeedsAtMostTheLargestTensorPlus64MiB) {
 /// fresh process: the fault hooks read the environment once); then a resume takes `expect`.
 void killed_save(const std::string& fault, int64_t expect) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  test::TempDir dir("shard");
+  // The threadsafe style runs this test's body again in the child: it must write into the
+  // parent's folder, not into one of its own.
+  std::optional<test::TempDir> own;
+  const char* inherited = std::getenv("GPURUN_TEST_SHARD_DIR");
+  if (!inherited) own.emplace("shard");
+  const std::string dir = inherited ? inherited : own->path();
+  ::setenv("GPURUN_TEST_SHARD_DIR", dir.c_str(), 1);
   ::setenv("GPURUN_FAULT", fault.c_str(), 1);
   EXPECT_EXIT(
       {
@@ -469,8 +490,8 @@ void killed_save(const std::string& fault, int64_t expect) {
         options.master_weights = true;
         FlatOptimizer opt(adamw(), options, trainable(*model), nullptr, 0, 1);
         RunConfig config;
-        Reporter reporter(dir.path(), true, 0);
-        Checkpointer checkpointer(config, {dir.path(), false, false}, reporter, nullptr);
+        Reporter reporter(dir, true, 0);
+        Checkpointer checkpointer(config, {dir, false, false}, reporter, nullptr);
         checkpointer.claim_directory();
         for (int s = 1; s <= 2; ++s) {
           train(model, opt, 0, s, 1);
@@ -481,7 +502,8 @@ void killed_save(const std::string& fault, int64_t expect) {
       },
       ::testing::KilledBySignal(SIGKILL), "");
   ::unsetenv("GPURUN_FAULT");
-  CheckpointStore store(dir.path(), 3);
+  ::unsetenv("GPURUN_TEST_SHARD_DIR");
+  CheckpointStore store(dir, 3);
   store.clean_temporaries();
   const std::optional<LoadedCheckpoint> loaded = store.load_latest(/*verify=*/true);
   ASSERT_TRUE(loaded);
