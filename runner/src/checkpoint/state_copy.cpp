@@ -126,6 +126,20 @@ HostStateCopy::~HostStateCopy() = default;
 
 void HostStateCopy::copy(const torch::nn::Module& model, const Optimizer& optimizer,
                          NamedTensors rng_states) {
+  const std::optional<c10::Device> device = copy_model(model);
+  if (!optimizer_ || !same_shape(*optimizer_, optimizer))
+    optimizer_ = make_optimizer_copy(optimizer);
+  optimizer_->refresh(optimizer, *optimizer_, copied_bytes_);
+  finish_copy(device, std::move(rng_states));
+}
+
+void HostStateCopy::copy(const torch::nn::Module& model, NamedTensors rng_states) {
+  const std::optional<c10::Device> device = copy_model(model);
+  optimizer_.reset();  // a sharded save: the optimizer's state is in the shard files
+  finish_copy(device, std::move(rng_states));
+}
+
+std::optional<c10::Device> HostStateCopy::copy_model(const torch::nn::Module& model) {
   copied_bytes_ = 0;
   const NamedTensors live = state_dict(model);
   weights_.resize(live.size());
@@ -135,9 +149,10 @@ void HostStateCopy::copy(const torch::nn::Module& model, const Optimizer& optimi
     weights_[i].second = copy_into(weights_[i].second, live[i].second, copied_bytes_);
     if (!device && !live[i].second.is_cpu()) device = live[i].second.device();
   }
-  if (!optimizer_ || !same_shape(*optimizer_, optimizer))
-    optimizer_ = make_optimizer_copy(optimizer);
-  optimizer_->refresh(optimizer, *optimizer_, copied_bytes_);
+  return device;
+}
+
+void HostStateCopy::finish_copy(std::optional<c10::Device> device, NamedTensors rng_states) {
   rng_ = std::move(rng_states);
   threads_ = at::get_num_threads();  // OpenMP's thread count is per thread: the trainer's
   on_device_ = device.has_value();
@@ -153,15 +168,15 @@ void HostStateCopy::build(CheckpointSnapshot& snapshot) {
   snapshot.meta.model_digest = state_digest(weights_);
   snapshot.meta.threads = threads_;
   snapshot.meta.cpu_capability = cpu_capability();
-  std::ostringstream optim;
-  {
+  snapshot.files.clear();
+  snapshot.files.emplace_back("model.pt", pickle_tensors(weights_));
+  if (optimizer_) {
+    std::ostringstream optim;
     torch::serialize::OutputArchive archive;
     optimizer_->host->save(archive);
     archive.save_to(optim);
+    snapshot.files.emplace_back("optim.pt", optim.str());
   }
-  snapshot.files.clear();
-  snapshot.files.emplace_back("model.pt", pickle_tensors(weights_));
-  snapshot.files.emplace_back("optim.pt", optim.str());
   snapshot.files.emplace_back("trainer.pt", pickle_tensors(rng_));
   rng_.clear();
   // A CPU run's buffers are its device memory: they stay only where the plan counts them.

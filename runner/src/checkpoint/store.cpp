@@ -82,6 +82,7 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 }
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
+  if (!snapshot.shard_folder.empty()) return save_sharded(snapshot);
   const json files = hash_files(snapshot.files);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
   return commit(name, files, {"before_rename", "before_latest", ++saves_},

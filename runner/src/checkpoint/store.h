@@ -26,7 +26,8 @@ namespace gpurun {
 
 /// Version of the checkpoint layout and manifest; bumped on incompatible change.
 /// 2: the manifest carries a checksum of its own (checkpoint/manifest.h); 1 (read, with the
-/// folder name's check alone) has none.
+/// folder name's check alone) has none. A sharded checkpoint's manifest is version 3
+/// (kShardedFormatVersion, checkpoint/shard_index.h), the newest this gpurun reads.
 inline constexpr int kCheckpointFormatVersion = 2;
 
 /// What a checkpoint records besides its data files (all stored in manifest.json).
@@ -42,6 +43,9 @@ struct CheckpointMeta {
   int64_t threads = 0;                             ///< intra-op threads used (determinism)
   std::string cpu_capability;  ///< LibTorch's CPU vector capability (determinism)
   nlohmann::json extra = nlohmann::json::object();  ///< free-form, kept as is
+  /// A sharded checkpoint's ShardIndex::to_json() (checkpoint/shard_index.h), written as the
+  /// manifest's sharded_optimizer with format_version 3; null for an unsharded one (optim.pt).
+  nlohmann::json sharded_optimizer;
 };
 
 /// One checkpoint to be written: its metadata and its files' bytes, already in host memory
@@ -49,6 +53,11 @@ struct CheckpointMeta {
 struct CheckpointSnapshot {
   CheckpointMeta meta;
   std::vector<std::pair<std::string, std::string>> files;  ///< file name -> bytes
+  /// A sharded save: the temporary folder (CheckpointStore::shard_folder()) where every rank
+  /// wrote its shard file, and those files' manifest entries ({name: {bytes, xxh3}}). The save
+  /// moves them into the checkpoint beside `files` (checkpoint/shard_store.cpp).
+  std::string shard_folder;
+  nlohmann::json shard_files = nlohmann::json::object();
 };
 
 /// A checkpoint found on disk.
@@ -233,6 +242,11 @@ class CheckpointStore {
   /// complete checkpoint and LATEST as they were.
   SaveResult save(const CheckpointSnapshot& snapshot);
 
+  /// A new temporary folder DIR/.tmp-NAME-shards-PID for the shard files of the sharded save of
+  /// checkpoint NAME (every rank writes its own there; readers ignore and clean_temporaries()
+  /// removes .tmp-* folders). Throws IoError.
+  std::string shard_folder(const std::string& name);
+
   /// Copies the checkpoint folder `folder` of another tier (checkpoint.local_dir) into DIR
   /// with the protocol of save(): every file is streamed into a temporary folder and checked
   /// against the source's manifest as it passes, manifest.json is copied unchanged, then the
@@ -299,6 +313,10 @@ class CheckpointStore {
     int64_t attempt;
   };
   using Fill = std::function<int64_t(const std::string& tmp)>;
+  /// save() of a snapshot with a shard_folder (shard_store.cpp): the shard files are renamed
+  /// into the checkpoint's temporary folder, the other files written beside them, the manifest
+  /// last (fault point "before_manifest" just before it).
+  SaveResult save_sharded(const CheckpointSnapshot& snapshot);
   /// write_folder(), then LATEST and retention.
   SaveResult commit(const std::string& name, const nlohmann::json& files, const FaultPoints& faults,
                     const Fill& fill);
