@@ -16,45 +16,12 @@
 #include "checkpoint/train_state.h"
 #include "distributed/worker_env.h"
 #include "integration/harness.h"
+#include "integration/weights.h"
 
 namespace fs = std::filesystem;
 using namespace gpurun::test;
 
 namespace {
-
-/// The pid of the worker with RANK=`rank` among `launcher`'s children; -1 when none.
-pid_t worker_pid(pid_t launcher, int rank) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::istringstream stat(slurp(e.path() / "stat"));
-    std::string pid, comm, state;
-    pid_t ppid = 0;
-    stat >> pid >> comm >> state >> ppid;
-    if (ppid != launcher) continue;
-    const std::string env = slurp(e.path() / "environ");
-    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos ||
-        env.rfind("RANK=" + std::to_string(rank) + '\0', 0) == 0)
-      return static_cast<pid_t>(std::stoi(name));
-  }
-  return -1;
-}
-
-/// model.pt of the newest complete checkpoint in `ckpt`.
-gpurun::NamedTensors newest_weights(const std::string& ckpt) {
-  std::string latest = slurp(ckpt + "/LATEST");
-  latest.erase(latest.find_last_not_of(" \n") + 1);
-  return gpurun::unpickle_tensors(slurp(ckpt + "/" + latest + "/model.pt"), latest + "/model.pt");
-}
-
-double relative_norm_difference(const gpurun::NamedTensors& a, const gpurun::NamedTensors& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i].second - b[i].second).pow(2).sum().item<double>();
-    norm += b[i].second.pow(2).sum().item<double>();
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 std::string digest(const std::string& ckpt) { return inspect(ckpt).value("model_digest", ""); }
 

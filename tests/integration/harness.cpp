@@ -290,4 +290,21 @@ int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::s
   return killed;
 }
 
+pid_t worker_pid(pid_t launcher, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream stat(slurp(e.path() / "stat"));
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    if (ppid != launcher) continue;
+    const std::string env = slurp(e.path() / "environ");
+    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos ||
+        env.rfind("RANK=" + std::to_string(rank) + '\0', 0) == 0)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
 }  // namespace gpurun::test

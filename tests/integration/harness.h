@@ -118,6 +118,9 @@ std::optional<nlohmann::json> wait_for_step(const std::string& run_dir, int64_t 
 int sigkill_after_checkpoints(const std::vector<std::string>& args, const std::string& ckpt,
                               const std::string& log_prefix, int kills);
 
+/// The pid of the worker with RANK=`rank` among `launcher`'s children; -1 when none.
+pid_t worker_pid(pid_t launcher, int rank);
+
 /// Waits until `dir` holds a .tmp-ckpt folder (a checkpoint being written or copied there);
 /// false when `pid` exits or `seconds` pass first.
 bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds);

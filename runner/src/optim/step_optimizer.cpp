@@ -47,22 +47,20 @@ class ReplicatedOptimizer final : public StepOptimizer {
 
 }  // namespace
 
-OptimizerPlacement resolve_placement(const RunConfig& config, int world_size, Precision precision) {
+OptimizerPlacement resolve_placement(const RunConfig& config, const std::string& shard,
+                                     bool offload, int world_size, Precision precision) {
   OptimizerPlacement p;
-  const std::string& shard = config.distributed.shard;
-  p.shard = shard == "auto" ? "none" : shard;
-  if (world_size == 1 && p.shard != "none")
-    spdlog::info(
-        "distributed.shard: {} with one rank: nothing to shard; the flat optimizer holds the "
-        "whole state",
-        shard);
+  p.shard = shard;
   p.master_weights = config.optim.master_weights && precision != Precision::kFp32;
   if (config.optim.master_weights && !p.master_weights)
     spdlog::info("optim.master_weights: the run trains in fp32; its weights are the master");
-  p.offload = config.optim.offload == "host";
-  std::string what =
-      p.shard == "none" ? (p.flat() ? "flat, not sharded" : "replicated")
-                        : "sharded (" + p.shard + ") over " + std::to_string(world_size) + " ranks";
+  p.offload = offload;
+  // A flat optimizer over several ranks shards its state whatever the shard mode says.
+  std::string what = !p.flat() ? "replicated"
+                     : world_size == 1
+                         ? "flat (one rank holds the whole state)"
+                         : "sharded (" + (p.shard == "none" ? std::string("optimizer") : p.shard) +
+                               ") over " + std::to_string(world_size) + " ranks";
   if (p.master_weights) what += ", 16-bit weights with fp32 master weights";
   if (p.offload) what += ", state and step in host memory";
   spdlog::info("optimizer: {}", what);

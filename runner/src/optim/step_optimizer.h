@@ -68,11 +68,12 @@ struct OptimizerPlacement {
   bool flat() const { return shard != "none" || master_weights || offload; }
 };
 
-/// The placement `config` asks for in a run of `world_size` ranks training in `precision`:
-/// distributed.shard auto is none (the planner's choice comes later), master weights only
-/// under a 16-bit precision; logs what it chose and, for a setting that does nothing here
-/// (sharding one rank, master weights in fp32), why.
-OptimizerPlacement resolve_placement(const RunConfig& config, int world_size, Precision precision);
+/// The placement of a run of `world_size` ranks training in `precision`: `shard` and
+/// `offload` as the memory plan chose them (memory/placement.h: distributed.shard auto
+/// resolved, one rank never sharded), master weights from optim.master_weights under a 16-bit
+/// precision only. Logs what it chose, and why master weights do nothing in fp32.
+OptimizerPlacement resolve_placement(const RunConfig& config, const std::string& shard,
+                                     bool offload, int world_size, Precision precision);
 
 /// The 16-bit dtype of master-weight runs: fp16 for fp16, else bf16.
 c10::ScalarType half_dtype(Precision precision);

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/sharded_state.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
 #include "distributed/collectives.h"
@@ -94,10 +95,11 @@ class Trainer {
       plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
       checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
       log_plan(config_, session_, plan_);
-      optimizer_ = make_step_optimizer(
-          config_.optim, resolve_placement(config_, world_, session_.precision.precision),
-          named_trainable_parameters(*model_), comm_.get(),
-          half_dtype(session_.precision.precision));
+      optimizer_ = make_step_optimizer(config_.optim,
+                                       resolve_placement(config_, plan_.shard, plan_.offload,
+                                                         world_, session_.precision.precision),
+                                       named_trainable_parameters(*model_), comm_.get(),
+                                       half_dtype(session_.precision.precision));
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
@@ -217,7 +219,7 @@ class Trainer {
     bool rng_restored = false;
     for (;;) {
       try {
-        rng_restored = restore_state(*loaded, *model_, replicated_optimizer(), rank_);
+        rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
         break;
       } catch (const DamagedCheckpointError& e) {
         loaded = checkpointer_.fall_back(*loaded, e.what());
@@ -375,12 +377,6 @@ class Trainer {
     }
   }
 
-  torch::optim::Optimizer& replicated_optimizer() {
-    if (!optimizer_->replicated())
-      throw Error("checkpoints of the flat optimizer's state are not written yet");
-    return *optimizer_->replicated();
-  }
-
   /// Test-only (GPURUN_FAULT=hog:after_step:N): holds the capacity the plan left free less
   /// half of what a step adds to the memory in use, so that the next step runs out for real.
   void hog_memory() {
@@ -503,7 +499,7 @@ class Trainer {
     // Decodes the model's outputs without the data (e.g. a text model's characters).
     if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
     const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
-    checkpointer_.save(std::move(meta), *model_, replicated_optimizer());
+    checkpointer_.save(std::move(meta), *model_, *optimizer_);
     peaks_.enter(was);
   }
 
