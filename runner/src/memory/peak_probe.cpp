@@ -15,12 +15,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/sharded_state.h"
 #include "checkpoint/train_state.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
 #include "memory/rank_state.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
+#include "optim/flat_optimizer.h"
 #include "train/micro_batch_step.h"
 #include "train/optimizer.h"
 #include "util/clock.h"
@@ -47,6 +49,7 @@ class Restorer {
     for (const auto& entry : state_dict(model)) {
       const at::Tensor host = entry.second.detach().to(at::kCPU).contiguous();
       saved_.emplace_back(static_cast<const char*>(host.data_ptr()), host.nbytes());
+      dtypes_.push_back(entry.second.scalar_type());
     }
     saved_bytes_ += rng_.saved_bytes();
     // The device's generator too: dropout on a GPU draws from it, and a resumed run (which
@@ -61,7 +64,14 @@ class Restorer {
       auto tensors = state_dict(model_);
       for (size_t i = 0; i < tensors.size(); ++i) {
         at::Tensor& t = tensors[i].second;
-        t.copy_(at::from_blob(saved_[i].data(), t.sizes(), t.options().device(at::kCPU)));
+        const at::Tensor saved = at::from_blob(saved_[i].data(), t.sizes(),
+                                               t.options().device(at::kCPU).dtype(dtypes_[i]));
+        // A flat optimizer's probe left the parameters as views of its buffer (in 16 bits with
+        // master weights): each gets a tensor of its own again, as the model built it.
+        if (t.scalar_type() != dtypes_[i] || t.storage().nbytes() != t.nbytes())
+          t.set_data(saved.to(t.device()).clone());
+        else
+          t.copy_(saved);
       }
       for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
     }
@@ -75,7 +85,8 @@ class Restorer {
  private:
   SegmentedModel& model_;
   std::vector<bool> flags_;
-  std::vector<std::string> saved_;  ///< each state_dict tensor's bytes, contiguous
+  std::vector<std::string> saved_;       ///< each state_dict tensor's bytes, contiguous
+  std::vector<c10::ScalarType> dtypes_;  ///< and its dtype
   RngGuard rng_{default_generator(at::kCPU)};
   std::optional<RngGuard> device_rng_;
   int64_t saved_bytes_ = 0;
@@ -251,43 +262,55 @@ Prober::Prober(SegmentedModel& model, const DatasetSplits& data, const OptimConf
       loss_(std::move(loss)),
       precision_(precision) {}
 
-void Prober::step(torch::optim::Optimizer& optimizer, const at::Tensor& indices,
-                  int64_t micro_batch) {
+void Prober::set_placement(const OptimizerPlacement& placement, int64_t world_size) {
+  placement_ = placement;
+  world_size_ = world_size;
+}
+
+std::unique_ptr<StepOptimizer> Prober::make_optimizer() const {
+  auto params = named_trainable_parameters(model_);
+  if (!placement_.flat()) return make_step_optimizer(optim_, placement_, params, nullptr);
+  FlatOptimizerOptions options;
+  options.release_gradients = placement_.shard == "gradients";
+  options.master_weights = placement_.master_weights;
+  options.half = half_dtype(precision_);
+  options.offload = placement_.offload;
+  return std::make_unique<FlatOptimizer>(optim_, options, params, nullptr, 0, world_size_);
+}
+
+void Prober::step(StepOptimizer& optimizer, const at::Tensor& indices, int64_t micro_batch) {
   optimizer.zero_grad();
-  const std::vector<at::Tensor> params = trainable_parameters(model_);
   // fp16 as the trainer runs it: scaled backward, unscale, clip, a step that may be skipped.
   std::optional<GradScaler> scaler;
   if (precision_ == Precision::kFp16) scaler.emplace(device_);
   accumulate_gradients(model_, *data_.train, indices, micro_batch, device_, 0, loss_,
                        {precision_, scaler ? scaler->scale() : at::Tensor()});
-  if (scaler) scaler->unscale(params);
-  if (optim_.grad_clip > 0) clip_grad_norm(params, optim_.grad_clip);
-  if (scaler) {
-    scaler->step(optimizer, params);
-    scaler->update();
-  } else {
-    optimizer.step();
-  }
+  std::vector<double> control;
+  optimizer.reduce_gradients(control);
+  if (scaler) optimizer.unscale(*scaler);
+  if (optim_.grad_clip > 0) optimizer.clip_grad_norm(optim_.grad_clip);
+  optimizer.step(optim_.lr, scaler ? &*scaler : nullptr);
+  if (scaler) scaler->update();
 }
 
-std::unique_ptr<torch::optim::Optimizer> Prober::between_steps(const MemoryPlan& plan) {
+std::unique_ptr<StepOptimizer> Prober::between_steps(const MemoryPlan& plan) {
   checkpoint_every_segment(model_, plan.activation_checkpointing);
   model_.train();
   // What lives between two of the run's steps is the weights, their gradients and the
   // optimizer's state; the activations are gone. Made without running the model (a step of a
-  // large model takes a minute on a CPU): a zero gradient for every trainable parameter and one
-  // optimizer step, which allocates the state as the run's first step does. The weights it
-  // changes (weight decay) are put back by the probe's Restorer.
-  const std::vector<at::Tensor> params = trainable_parameters(model_);
-  {
+  // large model takes a minute on a CPU): zero gradients and one update, which allocates the
+  // state as the run's first step does (a flat optimizer's is there from the start, and with
+  // distributed.shard gradients its full gradients are gone again after the reduce). The
+  // weights it changes (weight decay) are put back by the probe's Restorer.
+  auto optimizer = make_optimizer();
+  optimizer->zero_grad();
+  if (!optimizer->flat()) {
     torch::NoGradGuard no_grad;
-    for (const at::Tensor& p : params) {
-      at::Tensor parameter = p;  // a handle: mutable_grad() is not const
-      parameter.mutable_grad() = at::zeros_like(p);
-    }
+    for (at::Tensor p : trainable_parameters(model_)) p.mutable_grad() = at::zeros_like(p);
   }
-  auto optimizer = make_optimizer(optim_, params);
-  optimizer->step();
+  std::vector<double> control;
+  optimizer->reduce_gradients(control);
+  optimizer->step(optim_.lr, nullptr);
   return optimizer;
 }
 
@@ -303,7 +326,7 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   int64_t timed_steps = 0;
   meter_.reset_peak();
   try {
-    auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
+    auto optimizer = make_optimizer();
     for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
       step(*optimizer, indices, micro_batch);
@@ -353,7 +376,9 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
     auto optimizer = between_steps(train_plan);
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
-    snapshot = capture_state(model_, *optimizer, CheckpointMeta{}, {}, &probes.copy_bytes);
+    CheckpointMeta meta;
+    meta.config = {{"optim", {{"name", optim_.name}}}};
+    snapshot = capture_state(model_, *optimizer, std::move(meta), {}, &probes.copy_bytes);
     probes.capture.step_seconds = seconds_since(start);
     if (!device_.is_cpu()) probes.copy_bytes = 0;  // pinned host memory, not the device's
   } catch (const c10::OutOfMemoryError& e) {
@@ -371,7 +396,7 @@ CheckpointProbes Prober::checkpoint(const MemoryPlan& train_plan) {
   loaded.meta = snapshot->meta;
   loaded.files = std::move(snapshot->files);
   try {
-    auto optimizer = make_optimizer(optim_, trainable_parameters(model_));
+    auto optimizer = make_optimizer();
     meter_.reset_peak();
     const auto start = std::chrono::steady_clock::now();
     restore_state(loaded, model_, *optimizer);

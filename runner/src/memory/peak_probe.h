@@ -21,6 +21,7 @@
 #include "gpurun/dataset.h"
 #include "gpurun/loss.h"
 #include "memory/planner.h"
+#include "optim/step_optimizer.h"
 #include "train/precision.h"
 
 namespace gpurun {
@@ -50,12 +51,13 @@ class SegmentedModel;
 ///                          parameter (sqrt(v) and its quotient, torch::optim::Adam::step);
 ///                          SGD with weight decay 1 x; else 0
 /// The sharded optimizer's parts (memory/rank_state.h, per rank):
-///   gradient_slice         its fp32 gradient slice and all-gather send buffer; 0 replicated
+///   gradient_slice         its fp32 gradient slice and all-gather send buffer, alive from the
+///                          reduce-scatter to the all-gather only; 0 replicated
 ///   gradients_released     distributed.shard gradients: the gradient buffer is released
 ///                          before the update, so it is not alive beside the temporaries
 ///   host_bytes             optim.offload host: state in host memory, not counted in total()
-/// total = parameters + optimizer_state + gradient_slice + the larger of gradients +
-/// activations + weight_casts (the forward and backward pass) and the gradients still alive +
+/// total = parameters + optimizer_state + the larger of gradients + activations + weight_casts
+/// (the forward and backward pass) and the gradients still alive + gradient_slice +
 /// optimizer_temporaries (the step, after autocast's cache is cleared).
 struct Estimate {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0,
@@ -64,9 +66,9 @@ struct Estimate {
   /// Not memory: the forward pass's FLOPs for one sample (SegmentActivations::forward_flops).
   double forward_flops_per_sample = 0;
   int64_t total() const {
-    return parameters + optimizer_state + gradient_slice +
+    return parameters + optimizer_state +
            std::max(gradients + activations + weight_casts,
-                    (gradients_released ? 0 : gradients) + optimizer_temporaries);
+                    (gradients_released ? 0 : gradients) + gradient_slice + optimizer_temporaries);
   }
   /// The state parts of `state` (per rank, rank_state.h) with this estimate's activations and
   /// FLOPs.
@@ -122,14 +124,22 @@ class Prober {
   /// capture failed, as there is nothing to load).
   CheckpointProbes checkpoint(const MemoryPlan& train_plan);
 
+  /// The optimizer placement the probes run under (memory/placement.h's choice): a flat one
+  /// probes as rank 0 of `world_size` without collectives (FlatOptimizer with no comm): its
+  /// slice's state, its buffers, its copy of its own slice for the reduce-scatter. Default:
+  /// replicated.
+  void set_placement(const OptimizerPlacement& placement, int64_t world_size);
+
  private:
+  /// The run's optimizer over the model's trainable parameters, under the placement.
+  std::unique_ptr<StepOptimizer> make_optimizer() const;
   /// One optimizer step as the trainer does it (zero_grad, micro-batches of `micro_batch`
   /// over `indices`, gradient clipping when configured, step).
-  void step(torch::optim::Optimizer& optimizer, const at::Tensor& indices, int64_t micro_batch);
+  void step(StepOptimizer& optimizer, const at::Tensor& indices, int64_t micro_batch);
   /// A new optimizer with its state and every trainable parameter's gradient allocated (zero
   /// gradients, one optimizer step), with `plan`'s checkpointing set: the memory state between
   /// two of the run's steps, without the cost of running one.
-  std::unique_ptr<torch::optim::Optimizer> between_steps(const MemoryPlan& plan);
+  std::unique_ptr<StepOptimizer> between_steps(const MemoryPlan& plan);
 
   SegmentedModel& model_;
   const DatasetSplits& data_;
@@ -139,6 +149,8 @@ class Prober {
   c10::Device device_;
   LossFn loss_;
   Precision precision_;
+  OptimizerPlacement placement_;
+  int64_t world_size_ = 1;
 };
 
 }  // namespace gpurun

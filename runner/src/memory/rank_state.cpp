@@ -93,7 +93,8 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   } else {
     e.optimizer_state = moments + master_slice;
   }
-  if (w < 4 && world_size > 1) e.optimizer_temporaries = std::min(kReduceBucketBytes, 4 * p);
+  // A bucket of the reduce-scatter and all-gather in fp32, and the backend's copy of it.
+  if (world_size > 1) e.optimizer_temporaries = 2 * std::min(kReduceBucketBytes, 4 * p);
   if (optim.grad_clip > 0) e.optimizer_temporaries = std::max(e.optimizer_temporaries, 16 * s);
   return e;
 }

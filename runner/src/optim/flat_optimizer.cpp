@@ -19,9 +19,17 @@
 namespace gpurun {
 namespace {
 
-/// A reduce-scatter of 16-bit gradients runs in fp32 buckets of at most this many bytes (DDP's
-/// bucket_cap_mb = 25): the sum over ranks in fp32, without an fp32 copy of the whole buffer.
+/// The reduce-scatter and the all-gather run in buckets of at most this many bytes of fp32
+/// (DDP's bucket_cap_mb = 25): 16-bit gradients are summed in fp32 without an fp32 copy of
+/// the whole buffer, and a backend's own copy of its input (Gloo's) stays as small.
 constexpr int64_t kBucketBytes = 25LL << 20;
+
+/// Columns of the [N, S] view per bucket: N x columns fp32 elements take at most kBucketBytes.
+int64_t bucket_columns(int64_t world_size) {
+  return std::max<int64_t>(
+      FlatLayout::kAlignment,
+      kBucketBytes / (4 * world_size) / FlatLayout::kAlignment * FlatLayout::kAlignment);
+}
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> shapes_of(
     const std::vector<std::pair<std::string, at::Tensor>>& params) {
@@ -77,8 +85,6 @@ FlatOptimizer::FlatOptimizer(const OptimConfig& optim, FlatOptimizerOptions opti
   }
   ensure_gradient_buffer();
   const int64_t s = layout_.shard_numel();
-  grad_slice_ = at::zeros({s}, on_device.dtype(at::kFloat));
-  send_ = at::empty({s}, on_device);
   const auto state_zeros = [&] {
     return options_.offload ? host_zeros(s, device) : at::zeros({s}, on_device.dtype(at::kFloat));
   };
@@ -116,9 +122,14 @@ void FlatOptimizer::zero_grad() {
     ensure_gradient_buffer();
 }
 
-void FlatOptimizer::release_gradients() {
+void FlatOptimizer::release_full_gradients() {
   for (auto& p : views_) p.mutable_grad() = at::Tensor();
   grads_ = at::Tensor();
+}
+
+void FlatOptimizer::release_gradients() {
+  release_full_gradients();
+  grad_slice_ = at::Tensor();
 }
 
 at::Tensor FlatOptimizer::weights_slice() const {
@@ -136,17 +147,17 @@ void FlatOptimizer::reduce_gradients(std::vector<double>& control) {
   at::NoGradGuard no_grad;
   ensure_gradient_buffer();  // a rank that ran out of memory contributes zeros
   const int64_t n = layout_.world_size(), s = layout_.shard_numel();
+  // From the reduce to the end of the update only: during the backward passes, the
+  // activations' time, it takes no memory.
+  grad_slice_ = at::empty({s}, params_.options().dtype(at::kFloat));
   if (comm_ && !control.empty()) control = comm_->all_reduce(control, StepCollectives::Op::kSum);
   if (!comm_) {
     grad_slice_.copy_(grads_.narrow(0, rank_ * s, s));
-  } else if (grads_.scalar_type() == at::kFloat) {
-    comm_->reduce_scatter(grads_, grad_slice_);
   } else {
     // Column buckets of the [N, S] view: bucket k is every rank's elements [k c, (k + 1) c)
-    // of its slice, summed in fp32 into this rank's grad_slice_[k c, (k + 1) c).
-    const int64_t c =
-        std::max<int64_t>(FlatLayout::kAlignment,
-                          kBucketBytes / (4 * n) / FlatLayout::kAlignment * FlatLayout::kAlignment);
+    // of its slice, summed in fp32 into this rank's grad_slice_[k c, (k + 1) c). A bucket
+    // bounds the temporaries, ours and the backend's (Gloo copies its input), as DDP's do.
+    const int64_t c = bucket_columns(n);
     const at::Tensor rows = grads_.view({n, s});
     for (int64_t k = 0; k < s; k += c) {
       const int64_t w = std::min(c, s - k);
@@ -154,7 +165,7 @@ void FlatOptimizer::reduce_gradients(std::vector<double>& control) {
       comm_->reduce_scatter(bucket, grad_slice_.narrow(0, k, w));
     }
   }
-  if (options_.release_gradients) release_gradients();
+  if (options_.release_gradients) release_full_gradients();
 }
 
 void FlatOptimizer::unscale(GradScaler& scaler) {
@@ -188,7 +199,10 @@ void FlatOptimizer::set_step_count(int64_t steps) {
 }
 
 bool FlatOptimizer::step(double lr, GradScaler* scaler) {
-  if (scaler && scaler->found_inf() != 0.0) return false;
+  if (scaler && scaler->found_inf() != 0.0) {
+    grad_slice_ = at::Tensor();
+    return false;
+  }
   at::NoGradGuard no_grad;
   lr_ = lr;
   at::Tensor grads = grad_slice_;
@@ -213,13 +227,26 @@ bool FlatOptimizer::step(double lr, GradScaler* scaler) {
     at::_fused_sgd_({weights}, {grads}, buffers, o.weight_decay, o.momentum, lr, 0.0, o.nesterov,
                     false, first);
   }
-  // The new weights: this rank's slice into its send buffer (cast from the master), then
-  // every rank's slice into every rank's parameter buffer.
-  send_.copy_(weights, /*non_blocking=*/options_.offload);
-  if (comm_)
-    comm_->all_gather(send_, params_);
-  else
-    weights_slice().copy_(send_);
+  // The new weights: this rank's slice (cast from the master) into every rank's parameter
+  // buffer. The all-gather's input is a copy, never a view of its output.
+  grad_slice_ = at::Tensor();
+  if (!comm_) {
+    if (master_.defined()) weights_slice().copy_(master_);
+    return true;
+  }
+  const int64_t n = layout_.world_size(), s = layout_.shard_numel(), c = bucket_columns(n);
+  const at::Tensor rows = params_.view({n, s});
+  for (int64_t k = 0; k < s; k += c) {
+    const int64_t w = std::min(c, s - k);
+    const at::Tensor send = weights.narrow(0, k, w).to(params_.options(), false, /*copy=*/true);
+    if (w == s) {
+      comm_->all_gather(send, params_);  // one bucket: straight into the buffer
+    } else {
+      const at::Tensor gathered = at::empty({n * w}, params_.options());
+      comm_->all_gather(send, gathered);
+      rows.narrow(1, k, w).copy_(gathered.view({n, w}));
+    }
+  }
   return true;
 }
 

@@ -24,9 +24,10 @@
 //
 // Memory of rank r of N, P the padded parameter count, S = P / N, w the weights' bytes:
 //   parameter buffer wP; gradient buffer wP (mode gradients: not during the update);
-//   gradient slice 4S; Adam's moments 8S (SGD with momentum 4S); master slice 4S (with master
-//   weights or offload); offload moves the moments, the master and a gradient copy (4S) to
-//   host memory, pinned on CUDA.
+//   Adam's moments 8S (SGD with momentum 4S); master slice 4S (with master weights or
+//   offload); from the reduce-scatter to the all-gather only (not during the backward passes):
+//   the fp32 gradient slice 4S and the all-gather's input wS; offload moves the moments, the master
+//   and a gradient copy (4S) to host memory, pinned on CUDA.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +99,8 @@ class FlatOptimizer final : public StepOptimizer {
 
  private:
   void ensure_gradient_buffer();
+  /// The gradient buffer and the parameters' .grad views (not the reduced slice).
+  void release_full_gradients();
   at::Tensor weights_slice() const;
 
   OptimConfig optim_;

@@ -372,6 +372,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
                    saved->world_size, world_size, request.global_batch);
     Prober prober(*session.model, session.data, config.optim, *session.meter,
                   config.memory.probe_steps, session.device, session.loss, precision);
+    prober.set_placement(placement.placement, world_size);
     const int64_t usable = usable_bytes(request);
     const auto train_probe = [&](int64_t m, bool c) {
       // A stop signal ends the planning between probes (every rank at the same probe): before

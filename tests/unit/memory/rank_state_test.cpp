@@ -80,23 +80,28 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     EXPECT_EQ(o.gradient_slice, 4 * s + 4 * s);  // fp32 slice + the send buffer
     EXPECT_EQ(o.optimizer_state, 8 * s);         // this rank's moments only
     EXPECT_EQ(o.weight_casts, 2 * kMatrix);      // fp32 weights are still cast
-    EXPECT_EQ(o.optimizer_temporaries, 0);       // fused kernels, fp32 reduce-scatter in place
+    const int64_t bucket = n > 1 ? 8 * p : 0;    // a collective's bucket and Gloo's copy
+    EXPECT_EQ(o.optimizer_temporaries, bucket);  // the fused kernels allocate nothing
     EXPECT_EQ(o.host_bytes, 0);
-    EXPECT_EQ(o.total(), 40 + 8 * p + 16 * s + 2 * kMatrix);
+    // The backward passes (gradients and autocast's casts) or the update (the gradients, the
+    // fp32 slice and the send buffer, which live from the reduce-scatter to the all-gather).
+    EXPECT_EQ(o.total(),
+              40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, 4 * p + 8 * s + bucket));
 
     const Estimate g =
         rank_state(small_model(), adamw(), Precision::kBf16, placement("gradients"), n);
     EXPECT_TRUE(g.gradients_released);  // released after the reduce-scatter, not in the update
     EXPECT_EQ(g.gradients, o.gradients);
-    // ... but alive through the backward passes (a local full accumulation): the step's peak
-    // is the same unless the update's temporaries dominate.
-    EXPECT_EQ(g.total(), o.total());
+    // ... but alive through the backward passes (a local full accumulation): only the
+    // update's part is smaller.
+    EXPECT_EQ(g.total(), 40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, 8 * s + bucket));
+    EXPECT_LE(g.total(), o.total());
 
     OptimConfig clipped = adamw();
     clipped.grad_clip = 1.0;
     const Estimate gc =
         rank_state(small_model(), clipped, Precision::kBf16, placement("gradients"), n);
-    EXPECT_EQ(gc.optimizer_temporaries, 16 * s);  // clip_grad_norm's float64 copy and square
+    EXPECT_EQ(gc.optimizer_temporaries, std::max(bucket, 16 * s));  // or clipping's float64 copy
   }
 }
 
@@ -111,13 +116,14 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     EXPECT_EQ(m.gradient_slice, 4 * s + 2 * s);   // fp32 slice + bf16 send buffer
     EXPECT_EQ(m.optimizer_state, 8 * s + 4 * s);  // moments + fp32 master slice
     EXPECT_EQ(m.weight_casts, 0);                 // nothing to cast
-    // The fp32 bucket of a 16-bit reduce-scatter (at most 25 MiB) with several ranks.
-    EXPECT_EQ(m.optimizer_temporaries, n > 1 ? 4 * p : 0);
+    // The fp32 bucket of the reduce-scatter and all-gather (at most 25 MiB) and the backend's
+    // copy of it, with several ranks.
+    EXPECT_EQ(m.optimizer_temporaries, n > 1 ? 8 * p : 0);
     EXPECT_EQ(m.host_bytes, 0);
     // ZeRO's mixed-precision layout counts 2 + 2 + 12/N bytes a parameter (stage 1, 4 Psi +
     // 12 Psi / N); gpurun adds the fp32 gradient slice and the send buffer, 6 / N. (Without
     // activations, the bucket of this small model's reduce-scatter is the larger temporary.)
-    const int64_t bucket = n > 1 ? 4 * p : 0;
+    const int64_t bucket = n > 1 ? 8 * p : 0;
     EXPECT_EQ(m.total(), 40 + 4 * p + 18 * s + bucket);
 
     const Estimate h =
@@ -155,7 +161,9 @@ TEST(RankState, TheEstimatesStatePartsComeFromTheRankAndTheActivationsStay) {
   EXPECT_EQ(e.activations, 500);
   EXPECT_EQ(e.forward_flops_per_sample, 7);
   EXPECT_EQ(e.parameters, state.parameters);
-  EXPECT_EQ(e.total(), state.total() + 500);  // no temporaries beyond the backward pass's
+  // The activations add to the backward passes' part, which may or may not be the larger.
+  EXPECT_GE(e.total(), state.total());
+  EXPECT_LE(e.total(), state.total() + 500);
   const Estimate back = Estimate::from_json(e.to_json());
   EXPECT_EQ(back.gradient_slice, e.gradient_slice);
   EXPECT_EQ(back.total(), e.total());
