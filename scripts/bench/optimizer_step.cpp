@@ -82,8 +82,7 @@ int main(int argc, char** argv) {
   const double per_parameter = time_steps(steps, [&] { libtorch.step(); });
 
   auto flat_model = registry.make_model(c.model, data.input_shape, data.num_classes);
-  gpurun::FlatOptimizer flat(optim, {}, gpurun::named_trainable_parameters(*flat_model),
-                             nullptr);
+  gpurun::FlatOptimizer flat(optim, {}, gpurun::named_trainable_parameters(*flat_model), nullptr);
   std::vector<double> control;
   const double fused = time_steps(steps, [&] {
     random_grads(gpurun::trainable_parameters(*flat_model));
