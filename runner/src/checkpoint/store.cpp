@@ -30,22 +30,40 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
-using Files = std::vector<std::pair<std::string, std::string>>;
 using namespace checkpoint_folder;
 
 std::string pid_string() { return std::to_string(::getpid()); }
 
-// The files table of a new checkpoint's manifest: {name: {bytes, xxh3}}. Throws
-// std::invalid_argument for a file name that is not one plain path component, the manifest's
-// own name, or a duplicate.
-json hash_files(const Files& snapshot_files) {
+// Every file of `snapshot` with the source of its bytes, the in-memory ones first. Throws
+// std::invalid_argument, before anything is written, for a file name that is not one plain path
+// component, the manifest's own name, or a duplicate.
+std::vector<std::pair<std::string, ByteSource>> file_sources(const CheckpointSnapshot& snapshot) {
+  std::vector<std::pair<std::string, ByteSource>> sources;
+  for (const auto& [name, bytes] : snapshot.files)
+    sources.emplace_back(
+        name, [&bytes = bytes](const ByteSink& out) { out(bytes.data(), bytes.size()); });
+  for (const auto& [name, source] : snapshot.streamed) sources.emplace_back(name, source);
   std::set<std::string> seen;
-  json files = json::object();
-  for (const auto& [name, bytes] : snapshot_files) {
+  for (const auto& [name, source] : sources) {
     if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
       throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
     }
-    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
+  }
+  return sources;
+}
+
+// The files table of a manifest, {name: {bytes, xxh3}}, of `sources` run without writing
+// anything: for the rare save of a checkpoint that is complete on disk already.
+json hash_files(const std::vector<std::pair<std::string, ByteSource>>& sources) {
+  json files = json::object();
+  for (const auto& [name, source] : sources) {
+    Xxh3 hash;
+    int64_t bytes = 0;
+    source([&](const char* data, size_t size) {
+      hash.update(data, size);
+      bytes += static_cast<int64_t>(size);
+    });
+    files[name] = {{"bytes", bytes}, {"xxh3", hash.hex()}};
   }
   return files;
 }
@@ -82,18 +100,36 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 }
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
-  const json files = hash_files(snapshot.files);
+  const std::vector<std::pair<std::string, ByteSource>> sources = file_sources(snapshot);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
-  return commit(name, files, {"before_rename", "before_latest", ++saves_},
-                [&](const std::string& tmp) {
-                  int64_t bytes = 0;
-                  for (const auto& [file_name, data] : snapshot.files) {
-                    fs::write_file(join(tmp, file_name), data);
-                    bytes += static_cast<int64_t>(data.size());
-                  }
-                  fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
-                  return bytes;
-                });
+  return commit(
+      name, [&] { return hash_files(sources); }, {"before_rename", "before_latest", ++saves_},
+      [&](const std::string& tmp) {
+        // Each file streamed from its source to the disk, its xxh3 computed as the bytes pass:
+        // the manifest needs no second read.
+        json files = json::object();
+        int64_t bytes = 0;
+        for (const auto& [file_name, source] : sources) {
+          std::optional<Xxh3> hash;
+          const int64_t n = fs::write_streamed(
+              join(tmp, file_name), source,
+              [&](const char* data, size_t size) { hash->update(data, size); },
+              [&] { hash.emplace(); });
+          files[file_name] = {{"bytes", n}, {"xxh3", hash->hex()}};
+          bytes += n;
+        }
+        fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
+        return bytes;
+      });
+}
+
+void CheckpointSnapshot::materialize() {
+  for (auto& [name, source] : streamed) {
+    std::string bytes;
+    source([&](const char* data, size_t size) { bytes.append(data, size); });
+    files.emplace_back(std::move(name), std::move(bytes));
+  }
+  streamed.clear();
 }
 
 SaveResult CheckpointStore::copy_from(const std::string& folder,
@@ -109,37 +145,38 @@ SaveResult CheckpointStore::copy_from(const std::string& folder,
                       (problem.empty() ? "not a checkpoint folder name" : problem));
   }
   const json& files = source.manifest.at("files");
-  return commit(source.name, files, {"copy_before_rename", "copy_before_latest", ++copies_},
-                [&](const std::string& tmp) {
-                  int64_t bytes = 0;
-                  for (const auto& [file_name, entry] : files.items()) {
-                    FileEntry want;
-                    if (std::string bad = parse_entry(file_name, entry, want); !bad.empty())
-                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + bad);
-                    // Checked as the bytes pass, so the copy reads the source once and never
-                    // spreads a file damaged since it was written.
-                    std::optional<Xxh3> hash;
-                    const int64_t n = fs::with_retries([&] {
-                      hash.emplace();
-                      return fs::copy_file(join(folder, file_name), join(tmp, file_name),
-                                           [&](const char* data, size_t size) {
-                                             hash->update(data, size);
-                                             if (between_chunks) between_chunks();
-                                           });
-                    });
-                    if (n != want.bytes || hash->hex() != want.xxh3) {
-                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
-                                        " does not match its manifest (" + std::to_string(n) +
-                                        " bytes, xxh3 " + hash->hex() + ")");
-                    }
-                    bytes += n;
-                  }
-                  fs::write_file(join(tmp, kManifest), manifest_bytes);
-                  return bytes;
-                });
+  return commit(
+      source.name, [&] { return files; }, {"copy_before_rename", "copy_before_latest", ++copies_},
+      [&](const std::string& tmp) {
+        int64_t bytes = 0;
+        for (const auto& [file_name, entry] : files.items()) {
+          FileEntry want;
+          if (std::string bad = parse_entry(file_name, entry, want); !bad.empty())
+            throw ResumeError("checkpoint " + folder + " cannot be copied: " + bad);
+          // Checked as the bytes pass, so the copy reads the source once and never
+          // spreads a file damaged since it was written.
+          std::optional<Xxh3> hash;
+          const int64_t n = fs::with_retries([&] {
+            hash.emplace();
+            return fs::copy_file(join(folder, file_name), join(tmp, file_name),
+                                 [&](const char* data, size_t size) {
+                                   hash->update(data, size);
+                                   if (between_chunks) between_chunks();
+                                 });
+          });
+          if (n != want.bytes || hash->hex() != want.xxh3) {
+            throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
+                              " does not match its manifest (" + std::to_string(n) +
+                              " bytes, xxh3 " + hash->hex() + ")");
+          }
+          bytes += n;
+        }
+        fs::write_file(join(tmp, kManifest), manifest_bytes);
+        return bytes;
+      });
 }
 
-SaveResult CheckpointStore::commit(const std::string& name, const json& files,
+SaveResult CheckpointStore::commit(const std::string& name, const FilesTable& files,
                                    const FaultPoints& faults,
                                    const std::function<int64_t(const std::string&)>& fill) {
   const auto start = std::chrono::steady_clock::now();
@@ -161,7 +198,7 @@ SaveResult CheckpointStore::commit(const std::string& name, const json& files,
   return result;
 }
 
-int64_t CheckpointStore::write_folder(const std::string& name, const json& files,
+int64_t CheckpointStore::write_folder(const std::string& name, const FilesTable& files,
                                       const FaultPoints& faults,
                                       const std::function<int64_t(const std::string&)>& fill) {
   const std::string final_path = join(dir_, name);
@@ -172,7 +209,7 @@ int64_t CheckpointStore::write_folder(const std::string& name, const json& files
   if (fs::exists(final_path)) {
     const CheckpointInfo existing = examine(final_path, Check::kChecksums, ReadErrors::kThrow);
     if (existing.complete) {
-      if (existing.manifest.at("files") == files) {
+      if (existing.manifest.at("files") == files()) {
         spdlog::info("checkpoint {} already exists with the same files; keeping it", final_path);
       } else {
         spdlog::warn(

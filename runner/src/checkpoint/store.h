@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/byte_sink.h"
+
 namespace gpurun {
 
 /// Version of the checkpoint layout and manifest; bumped on incompatible change.
@@ -44,11 +46,19 @@ struct CheckpointMeta {
   nlohmann::json extra = nlohmann::json::object();  ///< free-form, kept as is
 };
 
-/// One checkpoint to be written: its metadata and its files' bytes, already in host memory
-/// (so the writer may run on a background thread while training goes on).
+/// One checkpoint to be written: its metadata and its files, each either bytes in host memory
+/// or a source that generates them as they are written (HostStateCopy::build(): the archive's
+/// small parts, and every tensor's bytes straight from the host copy), so that the writer may
+/// run on a background thread while training goes on, holding no image of a file.
 struct CheckpointSnapshot {
   CheckpointMeta meta;
   std::vector<std::pair<std::string, std::string>> files;  ///< file name -> bytes
+  /// file name -> its bytes' source, written after `files`; it may be run more than once (a
+  /// write retried after a transient storage error), and must give the same bytes each time.
+  std::vector<std::pair<std::string, ByteSource>> streamed;
+
+  /// Moves every streamed file into `files` (runs its source into memory).
+  void materialize();
 };
 
 /// A checkpoint found on disk.
@@ -299,14 +309,17 @@ class CheckpointStore {
     int64_t attempt;
   };
   using Fill = std::function<int64_t(const std::string& tmp)>;
+  /// The manifest's files table of what is being written, called only when a complete
+  /// checkpoint of that name exists already (to say whether it holds the same bytes).
+  using FilesTable = std::function<nlohmann::json()>;
   /// write_folder(), then LATEST and retention.
-  SaveResult commit(const std::string& name, const nlohmann::json& files, const FaultPoints& faults,
+  SaveResult commit(const std::string& name, const FilesTable& files, const FaultPoints& faults,
                     const Fill& fill);
   /// Makes DIR/name complete: `fill` writes every file, manifest.json last, into a temporary
   /// folder and returns the data bytes; then the folder's fsync and the rename. A complete
   /// checkpoint of that name is kept instead (its bytes returned). Returns the bytes on disk.
-  int64_t write_folder(const std::string& name, const nlohmann::json& files,
-                       const FaultPoints& faults, const Fill& fill);
+  int64_t write_folder(const std::string& name, const FilesTable& files, const FaultPoints& faults,
+                       const Fill& fill);
   /// Deletes the complete checkpoints beyond keep_last and the incomplete ones older than the
   /// newest complete one, never `just_written`; logs failures. Returns the names removed.
   std::vector<std::string> apply_retention(const std::string& just_written);
