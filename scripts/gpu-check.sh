@@ -3,7 +3,8 @@
 # names a build) against the machine's PyTorch, then measures the CUDA unit tests, the memory
 # meter against PyTorch's own counter, fitting under a memory limit, recovery from a real OOM in
 # training, an exact resume after SIGKILL, throughput against a plain PyTorch loop, the
-# checkpoint stall, NCCL, and mixed precision (bf16 against fp32, fp16 resumed exactly). On a
+# checkpoint stall, NCCL, mixed precision (bf16 against fp32, fp16 resumed exactly) and the
+# sharded optimizer (NCCL reduce-scatter and all-gather, master weights, offload). On a
 # machine without a GPU, --device cpu runs every row that does not need CUDA and marks the
 # others skipped.
 #
@@ -355,6 +356,38 @@ PY
 # A verdict that itself failed (a run left no metrics) is a failed row, not an empty one.
 [ -n "$verdict" ] || verdict="fail no verdict (a run left no metrics.jsonl); see logs/"
 row "9. bf16 vs fp32, fp16 resume" "${verdict%% *}" "${verdict#* }"
+
+# --- 10. the sharded optimizer: NCCL reduce-scatter and all-gather, master weights, offload ---
+if [ "$device" = cuda ]; then
+  if "$build_dir/tests/gpurun_unit_tests" --gtest_filter='FlatOptimizer.*_CUDA' >"$logs/flat.log" 2>&1 &&
+     grep -q '^\[       OK \]' "$logs/flat.log"; then
+    row "10a. sharded step over NCCL, 1 rank" pass "reduce-scatter, all-gather, bf16 master weights, offload vs replicated"
+  else
+    row "10a. sharded step over NCCL, 1 rank" fail "see logs/flat.log"
+  fi
+  cfg=$(config shard "{name: mlp, hidden: [256]}" "")
+  shard=(--set distributed.shard=optimizer --set train.precision=bf16 --set optim.master_weights=true)
+  if "$gpurun" "$cfg" --ckpt "$work/shard1" --device cuda "${shard[@]}" --set train.epochs=1 \
+       >"$logs/shard1.log" 2>&1 &&
+     "$gpurun" "$cfg" --ckpt "$work/shard1-offload" --device cuda "${shard[@]}" \
+       --set optim.offload=host --set train.epochs=1 >"$logs/shard1-offload.log" 2>&1; then
+    row "10b. sharded run, 1 rank, master weights; with offload" pass "digests $(digest "$work/shard1") / $(digest "$work/shard1-offload")"
+  else
+    row "10b. sharded run, 1 rank, master weights; with offload" fail "see logs/shard1*.log"
+  fi
+  if [ "$gpus" -ge 2 ]; then
+    if "$gpurun" "$cfg" --ckpt "$work/shard2" --device cuda --nproc-per-node 2 "${shard[@]}" \
+         --set train.epochs=1 >"$logs/shard2.log" 2>&1; then
+      row "10c. sharded run, 2 ranks" pass "digest $(digest "$work/shard2")"
+    else
+      row "10c. sharded run, 2 ranks" fail "see logs/shard2.log"
+    fi
+  else
+    row "10c. sharded run, 2 ranks" skipped "one GPU"
+  fi
+else
+  row "10. sharded optimizer on NCCL" skipped "no GPU (--device cpu)"
+fi
 
 row "total" "$([ $failures -eq 0 ] && echo pass || echo fail)" "$failures failed rows, $(elapsed)"
 completed=1

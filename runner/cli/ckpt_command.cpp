@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/shard_index.h"
 #include "checkpoint/store.h"
 #include "gpurun/errors.h"
 #include "util/text.h"
@@ -251,6 +252,23 @@ void print_summary(const CheckpointInfo& info, std::ostream& out) {
                           "global_step", "position_in_epoch", "world_size", "model_digest",
                           "config_hash", "threads", "cpu_capability", "plan"}) {
     row(key, field(key));
+  }
+  // A sharded checkpoint: who wrote its optimizer state and where (checkpoint/shard_index.h).
+  if (m.contains(kShardedOptimizerKey)) {
+    try {
+      const ShardIndex index = ShardIndex::from_json(m[kShardedOptimizerKey]);
+      std::string states;
+      for (const std::string& s : index.states) states += (states.empty() ? "" : ", ") + s;
+      row("optimizer", "sharded over " + std::to_string(index.world_size) + " ranks (" +
+                           printable(index.optimizer) + ", step " +
+                           std::to_string(index.step_count) + "): " + printable(states) + " of " +
+                           std::to_string(index.parameters.size()) + " parameters in " +
+                           std::to_string(index.files.size()) + " shard files");
+    } catch (const std::invalid_argument& e) {
+      row("optimizer", "sharded, but " + printable(e.what()));
+    }
+  } else {
+    row("optimizer", "unsharded (optim.pt)");
   }
   // extra: the model's source, the running epoch sums, the precision, fp16's scaler, init_from,
   // deterministic, the local tier, ... (docs/architecture.md, "Manifest"), one dotted key a

@@ -40,7 +40,8 @@ const char* const kUsage =
     "  gpurun [run] CONFIG.yaml --ckpt DIR --nproc-per-node N [--nnodes N --node-rank R\n"
     "         --master-addr HOST --master-port PORT] [--max-restarts N] ...\n"
     "  gpurun plan CONFIG.yaml [--memory-limit SIZE] [--set KEY=VALUE]... [--cards FILE]\n"
-    "              [--deadline HOURS] [--estimate-only] [--probe-precisions] [--json]\n"
+    "              [--deadline HOURS] [--world-size N] [--estimate-only] [--probe-precisions]\n"
+    "              [--json]\n"
     "  gpurun ckpt list|verify|inspect DIR [--json]\n"
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
     "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
@@ -215,7 +216,7 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2)
       usage_error(
           "usage: gpurun plan CONFIG.yaml [--memory-limit SIZE] [--cards FILE] [--deadline HOURS] "
-          "[--estimate-only] [--probe-precisions] [--json]");
+          "[--world-size N] [--estimate-only] [--probe-precisions] [--json]");
     cmd.kind = Command::Kind::kPlan;
     cmd.config_path = args[1];
     if (r.count("cards")) cmd.cards = r["cards"].as<std::string>();
@@ -223,6 +224,8 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (!(cmd.deadline_hours > 0)) usage_error("--deadline must be a positive number of hours");
     cmd.estimate_only = r.count("estimate-only") > 0;
     cmd.probe_precisions = r.count("probe-precisions") > 0;
+    cmd.world_size = r["world-size"].as<int>();
+    if (cmd.world_size < 1) usage_error("--world-size must be at least 1");
     return cmd;
   }
   if (first == "run") args.erase(args.begin());
@@ -286,6 +289,7 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       options.deadline_hours = cmd.deadline_hours;
       options.estimate_only = cmd.estimate_only;
       options.probe_precisions = cmd.probe_precisions;
+      options.world_size = cmd.world_size;
       return plan_command(config, cmd.run.device, cmd.run.memory_limit, cmd.json, registry, options,
                           out);
     }

@@ -32,6 +32,7 @@ struct Command {
   double deadline_hours = 72;     ///< plan: --deadline HOURS
   bool estimate_only = false;     ///< plan: --estimate-only
   bool probe_precisions = false;  ///< plan: --probe-precisions
+  int64_t world_size = 1;         ///< plan: --world-size N
   bool json = false;              ///< --json: one JSON object on stdout, logs on stderr
   std::string help;               ///< the --help text
   LaunchRequest launch;           ///< run: restarts, DDP flags, the workers' command line;

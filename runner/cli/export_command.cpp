@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/export_state.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
 #include "cli/ckpt_command.h"
@@ -157,12 +158,21 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
 
   const LoadedCheckpoint checkpoint = choose(ckpt_dir, step);
   const CheckpointMeta& meta = checkpoint.meta;
+  const std::string module = torchscript_source(meta);
+  if (!meta.sharded_optimizer.is_null() && !merge_lora && module.empty()) {
+    // A sharded checkpoint streams, one tensor at a time: with master weights its parameters
+    // are the fp32 master in the shard files (model.pt holds them in 16 bits).
+    export_fp32_state_dict(checkpoint, to);
+    out << "exported " << checkpoint.info.path << " (global step " << meta.global_step
+        << ", model_digest " << meta.model_digest << ", sharded) to " << to
+        << " as a state_dict (torch.load; fp32)\n";
+    return kExitOk;
+  }
   const NamedTensors weights = load_model_tensors(checkpoint);
   if (digest_of(weights) != meta.model_digest)
     throw ResumeError(checkpoint.info.path +
                       "/model.pt does not match the manifest's model_digest " + meta.model_digest);
 
-  const std::string module = torchscript_source(meta);
   std::string format = "state_dict (torch.load)";
   if (merge_lora) {
     const RunConfig config = config_from_json(meta.config);

@@ -35,6 +35,7 @@ const std::vector<OptionSpec>& option_table() {
     {kPlan, "cards", T::kString, "FILE", "", "plan: the cards to forecast on (examples/cards.yaml's form); default: the bundled table"},
     {kPlan, "deadline", T::kDouble, "HOURS", "72", "plan: when one card needs longer, say how many cards DDP needs"},
     {kPlan, "probe-precisions", T::kFlag, "", "", "plan: also measure the plan's step under the precisions the run does not use (real steps; otherwise they are estimated)"},
+    {kPlan, "world-size", T::kInt, "N", "1", "plan: the ranks of the run (--nproc-per-node x --nnodes): the plan and its breakdown are per rank, with distributed.shard"},
     {kPlan, "estimate-only", T::kFlag, "", "", "plan: build the model without its weights and run nothing: the estimate alone (automatic when the weights do not fit here)"},
     {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
     {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},

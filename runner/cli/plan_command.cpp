@@ -1,4 +1,5 @@
 #include "cli/plan_command.h"
+#include "cli/plan_placement.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,8 @@
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "memory/meter.h"
+#include "memory/placement.h"
+#include "memory/rank_state.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "report/reporter.h"
@@ -82,9 +85,12 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
          "  a small model is bound by kernel launches instead and runs slower. lost/reclaim: the "
          "most work a\n  reclaim loses at the checkpoint interval. cards: for DDP to finish "
          "within "
-      << result["deadline_hours"].get<double>() << " h):\n";
-  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s  %s\n", "card",
-                "memory", "fits", "step", "to finish", "cost", "lost/reclaim", "cards", "plan");
+      << result["deadline_hours"].get<double>()
+      << " h. to fit: the fewest cards that hold\n  the run, with distributed.shard when one "
+         "card does not):\n";
+  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s %6s  %s\n", "card",
+                "memory", "fits", "step", "to finish", "cost", "lost/reclaim", "cards", "to fit",
+                "plan");
   out << line;
   for (const auto& c : result["cards"]) {
     std::string step = "-", cost = "-", n = "-";
@@ -104,15 +110,18 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
     }
     if (!c["cards_for_deadline"].is_null())
       n = std::to_string(c["cards_for_deadline"].get<int64_t>());
+    const std::string to_fit =
+        c["cards_to_fit"].is_null() ? "-" : std::to_string(c["cards_to_fit"].get<int64_t>());
     std::string plan = c["plan"].get<std::string>();
     if (!c["note"].get<std::string>().empty()) plan += "; " + c["note"].get<std::string>();
-    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s  %s\n",
+    // The plan and its note after the columns: they may be longer than any buffer.
+    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s %6s  ",
                   c["name"].get<std::string>().c_str(),
                   format_bytes(c["memory_bytes"].get<int64_t>()).c_str(),
                   c["fits"].get<std::string>().c_str(), step.c_str(),
                   hours_text(c["hours_to_finish"]).c_str(), cost.c_str(),
-                  hours_text(c["lost_hours_per_reclaim"]).c_str(), n.c_str(), plan.c_str());
-    out << line;
+                  hours_text(c["lost_hours_per_reclaim"]).c_str(), n.c_str(), to_fit.c_str());
+    out << line << plan << "\n";
   }
 }
 
@@ -121,7 +130,7 @@ void print_cards(std::ostream& out, const nlohmann::json& result) {
 int estimate_plan(const RunConfig& config, const std::string& device, bool json,
                   const Registry& registry, const PlanOptions& options, std::ostream& out,
                   const std::string& why, DatasetSplits data, const ModelShape& shape,
-                  std::chrono::steady_clock::time_point start) {
+                  std::chrono::steady_clock::time_point start, int64_t capacity_bytes) {
   Session session = open_estimate_session(config, device, registry, std::move(data), shape);
   // The cards are GPUs: `auto` is bf16 on every card of compute capability >= 8 (the bundled
   // ones), and a model that describes its activations is estimated under CUDA's autocast.
@@ -135,6 +144,14 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
                                        micro, false, target, precision);
   const Estimate ck = estimate_peak(*session.model, config.optim, session.data.input_shape, micro,
                                     true, target, precision);
+  // Per rank under the placement chosen for this device at --world-size.
+  const StateShape state_parts = state_shape(*session.model);
+  const Estimate smallest = smallest_of(config, session, plain, ck, micro);
+  const PlacementChoice choice =
+      place_optimizer(config, state_parts, smallest, precision, options.world_size, capacity_bytes);
+  if (!choice.note.empty()) spdlog::info("{}", choice.note);
+  const Estimate rank =
+      rank_state(state_parts, config.optim, precision, choice.placement, options.world_size);
   const double state = static_cast<double>(plain.parameters + plain.gradients +
                                            plain.optimizer_state + plain.weight_casts);
   Workload w = base_workload(config, session, plain, precision_name(precision));
@@ -145,6 +162,7 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
   // Evaluation keeps nothing for a backward pass: at most what a checkpointed step keeps.
   w.eval = {state, static_cast<double>(ck.activations) / static_cast<double>(micro)};
   w.state_bytes = plain.parameters + plain.gradients + plain.optimizer_state;
+  w.sharded = sharded_need(config, state_parts, smallest, precision);
   const ParameterCounts counts = count_parameters(*session.model);
   nlohmann::json result = {
       {"estimate_only", true},
@@ -155,8 +173,15 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
       {"precision_reason", session.precision.reason},
       {"micro_batch", micro},
       {"global_batch", config.train.batch_size},
-      {"breakdown", plain.to_json()},
-      {"breakdown_checkpointed", ck.to_json()},
+      {"breakdown", plain.with_state(rank).to_json()},
+      {"breakdown_checkpointed", ck.with_state(rank).to_json()},
+      {"world_size", options.world_size},
+      {"shard", choice.placement.shard},
+      {"offload", choice.placement.offload},
+      {"placement", placement_name(choice.placement)},
+      {"shard_reason", choice.reason},
+      {"host_bytes", rank.host_bytes},
+      {"modes", modes_json(config, state_parts, smallest, precision, options.world_size)},
       {"parameters", {{"trainable", counts.trainable}, {"total", counts.total}}},
       {"lora_layers", session.lora_layers},
       {"total_steps", w.optimizer_steps}};
@@ -171,13 +196,16 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
   out << "parameters      " << counts.trainable << " trainable of " << counts.total << "\n";
   out << "precision       " << precision_name(precision) << " (" << session.precision.reason
       << ")\n";
-  for (const auto* e : {&plain, &ck}) {
-    out << (e == &plain ? "training step   " : "  checkpointed  ") << "micro-batch " << micro
-        << ": " << format_bytes(e->total()) << " = parameters+buffers "
-        << format_bytes(e->parameters) << ", gradients " << format_bytes(e->gradients)
-        << ", optimizer state " << format_bytes(e->optimizer_state) << ", autocast copies "
-        << format_bytes(e->weight_casts) << ", activations " << format_bytes(e->activations)
-        << "\n";
+  print_placement(out, placement_name(choice.placement), options.world_size, choice.reason,
+                  rank.host_bytes);
+  for (const Estimate& e : {plain.with_state(rank), ck.with_state(rank)}) {
+    out << (e.activations == plain.activations ? "training step   " : "  checkpointed  ")
+        << "micro-batch " << micro << ", a rank: " << format_bytes(e.total())
+        << " = parameters+buffers " << format_bytes(e.parameters) << ", gradients "
+        << format_bytes(e.gradients) << ", optimizer state " << format_bytes(e.optimizer_state)
+        << (e.gradient_slice ? ", gradient slice " + format_bytes(e.gradient_slice) : "")
+        << ", autocast copies " << format_bytes(e.weight_casts) << ", activations "
+        << format_bytes(e.activations) << "\n";
   }
   print_cards(out, result);
   return 0;
@@ -200,13 +228,17 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     shape = probe_model_shape(config, registry, data, target,
                               resolve_precision(config.train.precision, target).precision);
   }
+  const int64_t limit = memory_limit_bytes(config, memory_limit);
   auto from_estimate = [&](const std::string& why) {
-    return estimate_plan(config, device, json, registry, options, out, why, data, shape, start);
+    // The capacity the placement is chosen for: this device's, as the run's would be.
+    const int64_t capacity =
+        limit > 0 ? limit : make_meter(select_device(device, 0), 0)->capacity_bytes();
+    return estimate_plan(config, device, json, registry, options, out, why, data, shape, start,
+                         capacity);
   };
   if (options.estimate_only) return from_estimate("--estimate-only");
   // Weights too large to build here (they are initialised in host memory first, whatever the
   // device) are not built.
-  const int64_t limit = memory_limit_bytes(config, memory_limit);
   if (shape.error.empty() && (shape.weight_bytes > physical_memory_bytes() / 4 ||
                               (limit > 0 && shape.weight_bytes > limit))) {
     spdlog::info("the model's weights alone are {}: planning from the estimate",
@@ -216,7 +248,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   std::optional<Session> opened;
   try {
     opened.emplace(open_session(config, device, memory_limit, registry, 0,
-                                config.model.torchscript.empty() ? &shape : nullptr));
+                                config.model.torchscript.empty() ? &shape : nullptr,
+                                options.world_size));
   } catch (const WeightsDoNotFit& e) {
     spdlog::info("{}: planning from the estimate", e.what());
     return from_estimate("the weights alone do not fit this device");
@@ -228,7 +261,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   Session& session = *opened;
   std::optional<MemoryPlan> made;
   try {
-    made = make_plan(config, session, 1, std::nullopt);
+    made = make_plan(config, session, options.world_size, std::nullopt);
   } catch (const ConfigError& e) {
     // The run does not fit here; the cards may still take it.
     spdlog::info("{}: planning from the estimate", e.what());
@@ -236,7 +269,16 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
     return from_estimate(std::string("the run does not fit this device: ") + e.what());
   }
   const MemoryPlan& plan = *made;
-  const Estimate estimate = estimate_for(config, session, plan);
+  // Per rank, under the plan's placement.
+  const Precision precision = session.precision.precision;
+  const StateShape state_parts = state_shape(*session.model);
+  OptimizerPlacement placement;
+  placement.shard = plan.shard;
+  placement.master_weights = config.optim.master_weights && precision != Precision::kFp32;
+  placement.offload = plan.offload;
+  const Estimate rank =
+      rank_state(state_parts, config.optim, precision, placement, plan.world_size);
+  const Estimate estimate = estimate_for(config, session, plan).with_state(rank);
 
   // The card table's lines go through the plan's measured training peak with the estimate's
   // activations per sample as their slope: no probe beyond the plan's own.
@@ -296,6 +338,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   nlohmann::json result = plan.to_json();
   result["device"] = session.meter->device_name();
   result["breakdown"] = estimate.to_json();
+  result["placement"] = placement_name(placement);
+  result["modes"] = modes_json(config, state_parts, estimate, precision, plan.world_size);
   result["precisions"] = precisions;
   const ParameterCounts counts = count_parameters(*session.model);
   result["parameters"] = {{"trainable", counts.trainable}, {"total", counts.total}};
@@ -313,6 +357,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   w.eval = eval;
   w.eval_batch = plan.eval_batch;
   w.state_bytes = state_bytes;
+  w.sharded =
+      sharded_need(config, state_parts, smallest_of(config, session, one, one_ck, 1), precision);
   add_cards(result, w, options.cards, options.deadline_hours);
   // What this machine reached on the counted FLOPs: the forecast's utilisation, for comparison.
   if (plan.step_seconds > 0)
@@ -328,6 +374,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   out << "device          " << session.meter->device_name() << ", capacity "
       << format_bytes(plan.capacity_bytes) << " (headroom " << config.memory.headroom * 100
       << "%)\n";
+  print_placement(out, placement_name(placement), plan.world_size, plan.shard_reason,
+                  plan.host_bytes);
   out << "plan            micro-batch " << plan.micro_batch << " x accumulation "
       << plan.accumulation_steps << " = global batch " << plan.global_batch
       << (plan.activation_checkpointing ? ", activation checkpointing" : "") << "; eval batch "

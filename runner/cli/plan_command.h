@@ -30,6 +30,9 @@ struct PlanOptions {
   /// --probe-precisions: measure the plan's step under fp32, bf16 and fp16 (real steps, slow on
   /// a CPU); otherwise only the run's precision is measured and the others are estimated.
   bool probe_precisions = false;
+  /// --world-size N: the ranks the run trains on; the plan, its breakdown and "modes" are per
+  /// rank, and distributed.shard chooses its placement for them (memory/placement.h).
+  int64_t world_size = 1;
 };
 
 /// With `options.estimate_only`, when the model's weights alone do not fit this device, or when
@@ -37,7 +40,13 @@ struct PlanOptions {
 /// model is built without its weights (model/without_weights.h) and planned from the estimate
 /// (memory/peak_probe.h) alone: nothing is run; the JSON has "estimate_only": true and the
 /// breakdowns without and with activation checkpointing. Either way "cards" holds a
-/// CardForecast (forecast/forecast.h) for every card.
+/// CardForecast (forecast/forecast.h) for every card, with its cards_to_fit and the one card
+/// with offload. Both JSONs carry "world_size", "shard", "offload", "shard_reason", "host_bytes"
+/// (the placement chosen for this device at that world size; "breakdown" is per rank under
+/// it) and "modes": the per-rank estimate of the plan's step under every placement (shard none,
+/// optimizer, gradients; with and without master weights under bf16/fp16; with and without
+/// offload), each {name, shard, master_weights, offload, card_bytes, host_bytes, breakdown}.
+/// Throws ConfigError for optim.offload host on a host too small.
 int plan_command(const RunConfig& config, const std::string& device, int64_t memory_limit,
                  bool json, const Registry& registry, const PlanOptions& options,
                  std::ostream& out);

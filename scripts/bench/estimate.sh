@@ -4,7 +4,9 @@
 # and bf16: `gpurun plan --json` probes real training steps and prints both. Then the 7B gpt
 # (context 2048, bf16, AdamW) from the estimate alone (--estimate-only): its breakdown at
 # micro-batch 1 without and with activation checkpointing, next to the 14/56/20 GB rule of
-# thumb. Usage: scripts/bench/estimate.sh   Needs a build (scripts/build.sh). About 2 minutes.
+# thumb, and per rank of 1, 2, 4 and 8 cards under every optimizer placement (distributed.shard,
+# optim.master_weights, optim.offload), with the cards_to_fit of the 80 GB cards.
+# Usage: scripts/bench/estimate.sh   Needs a build (scripts/build.sh). About 2 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 gpurun=build/runner/gpurun
@@ -64,3 +66,29 @@ for k, name in (('breakdown', 'plain'), ('breakdown_checkpointed', 'activation c
     print('  %-25s weights %.1f GB, gradients %.1f GB, optimizer state %.1f GB, bf16 weight copies %.1f GB, activations %.1f GB: %.1f GB' % (
         name, b['parameters'] / G, b['gradients'] / G, b['optimizer_state'] / G, b['weight_casts'] / G, b['activations'] / G, b['total'] / G))
 print('  rule of thumb: weights 14 GB, optimizer state and gradients 56 GB, activations about 20 GB: about 90 GB')"
+echo
+echo "the same, per rank of N, with activation checkpointing at micro-batch 1 (gpurun plan --estimate-only"
+echo "--world-size N --json: modes[].card_bytes and host_bytes; master weights: optim.master_weights: true):"
+echo
+echo "| cards N | replicated (DDP) | optimizer | gradients | optimizer + master weights | + offload: card / host |"
+echo "|---|---|---|---|---|---|"
+for n in 1 2 4 8; do
+  "$gpurun" plan "$work/gpt7b.yaml" --estimate-only --world-size $n --json 2>/dev/null | python3 -c "
+import json, sys
+j = json.load(sys.stdin); G = 1e9
+m = {x['name']: x for x in j['modes']}
+card = lambda name: '%.1f GB' % (m[name]['card_bytes'] / G)
+o = m['optimizer + master weights + offload']
+print('| %d | %s | %s | %s | %s | %.1f GB / %.1f GB |' % ($n, card('replicated'), card('optimizer'), card('gradients'),
+      card('optimizer + master weights'), o['card_bytes'] / G, o['host_bytes'] / G))"
+done
+echo
+echo "80 GB cards of the bundled table, with optim.master_weights: true (cards_to_fit; one card with offload):"
+"$gpurun" plan "$work/gpt7b.yaml" --estimate-only --set optim.master_weights=true --json 2>/dev/null | python3 -c "
+import json, sys
+j = json.load(sys.stdin); G = 1e9
+for c in j['cards']:
+    if c['memory_bytes'] != 80 * 10**9: continue
+    o = c['offload']
+    print('  %-10s cards_to_fit %s (%.1f GB a card); one card with offload: %s, %.1f GB on the card, %.1f GB of host memory' % (
+        c['name'], c['cards_to_fit'], (c['cards_to_fit_bytes'] or 0) / G, 'fits' if o['fits'] else 'does not fit', o['card_bytes'] / G, o['host_bytes'] / G))"

@@ -89,6 +89,14 @@ struct OptimConfig {
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
   double grad_clip = 0.0;                         ///< max global L2 norm of the gradients; 0: off
+  /// With train.precision bf16 or fp16: the model's weights (and gradients) are held in that
+  /// dtype and the optimizer keeps an fp32 master copy of the trainable ones, sharded with its
+  /// state (optim/flat_optimizer.h). false: fp32 weights, autocast casts them per pass.
+  bool master_weights = false;
+  /// none | host | auto: where the optimizer's state, master weights and step live. host: in
+  /// (pinned, on CUDA) host memory, the step on the CPU (ZeRO-Offload, Ren et al. 2021). auto:
+  /// host only when the run fits no other way; never chosen when none.
+  std::string offload = "none";
 };
 
 struct ScheduleConfig {
@@ -164,6 +172,11 @@ struct DistributedConfig {
   /// fails (and the launcher restarts it); also bounds how long a rank waits at a barrier
   /// while rank 0 finishes writing a checkpoint.
   double timeout = 300;
+  /// none | optimizer | gradients | auto (optim/flat_optimizer.h). optimizer: each rank keeps
+  /// the optimizer state (and master weights) of its 1/N slice of the trainable parameters
+  /// only (ZeRO stage 1); gradients: also releases the full gradients once reduced (stage 2).
+  /// auto: none when the run fits replicated, else the first mode that fits.
+  std::string shard = "auto";
 };
 
 /// The resolved configuration: every default filled in, every value checked.

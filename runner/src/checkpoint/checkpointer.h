@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checkpoint/async_writer.h"
+#include "checkpoint/pickle.h"  // NamedTensors
 #include "checkpoint/store.h"
 #include "gpurun/config.h"
 
@@ -28,7 +29,10 @@ class Optimizer;
 namespace gpurun {
 
 class Collectives;
+class FlatOptimizer;
+class HostShardCopy;
 class HostStateCopy;
+class StepOptimizer;
 class Lease;
 class Reporter;
 class TierCopier;
@@ -109,6 +113,17 @@ class Checkpointer {
   void save(CheckpointMeta meta, const torch::nn::Module& model,
             torch::optim::Optimizer& optimizer);
 
+  /// save() of a StepOptimizer (optim/step_optimizer.h): a replicated one as above (optim.pt);
+  /// a flat one as a sharded checkpoint (docs/architecture.md, "Checkpoint saves"), collective
+  /// on every rank: each rank copies its slice of the optimizer state to host memory and
+  /// writes and fsyncs its shard file into a temporary folder rank 0 names (the shard writes
+  /// are synchronous, on the training thread: each rank writes 1/N of the state); rank 0
+  /// gathers their sizes and xxh3 and hands model.pt, trainer.pt and the manifest, written
+  /// last, to the background writer, which renames the folder and replaces LATEST. A rank
+  /// that fails to write its shard fails the save on every rank alike (a checkpoint_failed
+  /// event; training goes on). Defined in sharded_save.cpp.
+  void save(CheckpointMeta meta, const torch::nn::Module& model, StepOptimizer& optimizer);
+
   /// Whether a CPU run's host copy of the state stays from save to save (the memory plan's
   /// MeasuredPeaks::checkpoint_buffers); waits for the write in flight, which reads it.
   void keep_host_buffers(bool keep);
@@ -168,6 +183,12 @@ class Checkpointer {
   std::unique_ptr<TierCopier> copier_;   ///< local_ to the network tier, or null
   std::map<int64_t, double> stalls_;     ///< global step -> stall of its save, until reported
   void check_lease() const;
+  /// The flat case of save(StepOptimizer&) (sharded_save.cpp).
+  void save_sharded(CheckpointMeta meta, const torch::nn::Module& model, FlatOptimizer& flat);
+  /// Every rank's random state, on rank 0 (the others: empty). Collective.
+  std::vector<NamedTensors> gather_rank_rng(const torch::nn::Module& model);
+  /// This rank's shard copy, reused from save to save (shared_ptr: a complete type where made).
+  std::shared_ptr<HostShardCopy> shard_copy_;
   std::optional<LoadedCheckpoint> load_newest_of_tiers(bool verify);
   /// Whether the checkpoint folder `path` is one of the local tier's.
   bool in_local_tier(const std::string& path) const;

@@ -7,6 +7,7 @@
 #include <torch/version.h>  // TORCH_VERSION only; this file must not pull in torch/torch.h
 
 #include "checkpoint/folder.h"
+#include "checkpoint/shard_index.h"
 #include "gpurun/errors.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -80,7 +81,8 @@ namespace checkpoint_folder {
 
 std::string manifest_text(const CheckpointMeta& meta, const json& files) {
   nlohmann::ordered_json m;
-  m["format_version"] = kCheckpointFormatVersion;
+  const bool sharded = !meta.sharded_optimizer.is_null();
+  m["format_version"] = sharded ? kShardedFormatVersion : kCheckpointFormatVersion;
   m["gpurun_version"] = gpurun_version();
   m["torch_version"] = TORCH_VERSION;
   m["created"] = utc_now_iso8601();
@@ -95,6 +97,7 @@ std::string manifest_text(const CheckpointMeta& meta, const json& files) {
   m["config"] = meta.config;
   m["plan"] = meta.plan;
   m["extra"] = meta.extra;
+  if (sharded) m[kShardedOptimizerKey] = meta.sharded_optimizer;
   m["files"] = files;
   // dump(2) of an object with members ends in "\n}": the seal goes before that brace.
   std::string text = m.dump(2);
@@ -140,9 +143,9 @@ std::string read_manifest(const std::string& path, ReadErrors read_errors, Check
     return "manifest.json: no integer format_version";
   }
   const int64_t format = version->get<int64_t>();
-  if (format > kCheckpointFormatVersion) {
+  if (format > kShardedFormatVersion) {
     return "manifest.json: format_version " + std::to_string(format) + " is newer than the " +
-           std::to_string(kCheckpointFormatVersion) + " this gpurun reads";
+           std::to_string(kShardedFormatVersion) + " this gpurun reads";
   }
   if (format < kUnsealedFormatVersion)
     return "manifest.json: format_version " + std::to_string(format) + " does not exist";
@@ -161,6 +164,8 @@ std::string read_manifest(const std::string& path, ReadErrors read_errors, Check
   }
   const auto files = m.find("files");
   if (files == m.end() || !files->is_object()) return "manifest.json: no files table";
+  // A sharded checkpoint's chunks must lie in files its table lists.
+  if (std::string problem = check_sharded_manifest(m); !problem.empty()) return problem;
   // The name is what a resume chooses by and what people read: it must say what the manifest
   // says. A folder given by a path of another form (a copy somewhere) is judged by its seal.
   if (const auto named = parse_checkpoint_name(info.name)) {
@@ -193,6 +198,8 @@ CheckpointMeta meta_from_manifest(const nlohmann::json& manifest) {
     meta.cpu_capability = get_field<std::string>(manifest, "cpu_capability");
   }
   if (manifest.contains("extra")) meta.extra = get_field<json>(manifest, "extra");
+  if (manifest.contains(kShardedOptimizerKey))
+    meta.sharded_optimizer = get_field<json>(manifest, kShardedOptimizerKey);
   return meta;
 }
 

@@ -126,6 +126,20 @@ HostStateCopy::~HostStateCopy() = default;
 
 void HostStateCopy::copy(const torch::nn::Module& model, const Optimizer& optimizer,
                          NamedTensors rng_states) {
+  const std::optional<c10::Device> device = copy_model(model);
+  if (!optimizer_ || !same_shape(*optimizer_, optimizer))
+    optimizer_ = make_optimizer_copy(optimizer);
+  optimizer_->refresh(optimizer, *optimizer_, copied_bytes_);
+  finish_copy(device, std::move(rng_states));
+}
+
+void HostStateCopy::copy(const torch::nn::Module& model, NamedTensors rng_states) {
+  const std::optional<c10::Device> device = copy_model(model);
+  optimizer_.reset();  // a sharded save: the optimizer's state is in the shard files
+  finish_copy(device, std::move(rng_states));
+}
+
+std::optional<c10::Device> HostStateCopy::copy_model(const torch::nn::Module& model) {
   copied_bytes_ = 0;
   const NamedTensors live = state_dict(model);
   weights_.resize(live.size());
@@ -135,9 +149,10 @@ void HostStateCopy::copy(const torch::nn::Module& model, const Optimizer& optimi
     weights_[i].second = copy_into(weights_[i].second, live[i].second, copied_bytes_);
     if (!device && !live[i].second.is_cpu()) device = live[i].second.device();
   }
-  if (!optimizer_ || !same_shape(*optimizer_, optimizer))
-    optimizer_ = make_optimizer_copy(optimizer);
-  optimizer_->refresh(optimizer, *optimizer_, copied_bytes_);
+  return device;
+}
+
+void HostStateCopy::finish_copy(std::optional<c10::Device> device, NamedTensors rng_states) {
   rng_ = std::move(rng_states);
   threads_ = at::get_num_threads();  // OpenMP's thread count is per thread: the trainer's
   on_device_ = device.has_value();
@@ -153,9 +168,13 @@ void HostStateCopy::build(CheckpointSnapshot& snapshot) {
   snapshot.meta.model_digest = state_digest(weights_);
   snapshot.meta.threads = threads_;
   snapshot.meta.cpu_capability = cpu_capability();
-  // The optimizer's archive refers to the host copy's tensors; nothing is serialized yet.
-  auto optim = std::make_shared<torch::serialize::OutputArchive>();
-  optimizer_->host->save(*optim);
+  // The optimizer's archive (none for a sharded copy) refers to the host copy's tensors;
+  // nothing is serialized yet.
+  std::shared_ptr<torch::serialize::OutputArchive> optim;
+  if (optimizer_) {
+    optim = std::make_shared<torch::serialize::OutputArchive>();
+    optimizer_->host->save(*optim);
+  }
   // Each file is serialized as the store writes it, every tensor's bytes straight from its
   // buffer. The sources hold the buffers (tensors share their storage) until the snapshot is
   // destroyed after the write, so that release() below leaves them to it.
@@ -163,11 +182,13 @@ void HostStateCopy::build(CheckpointSnapshot& snapshot) {
   snapshot.streamed.clear();
   snapshot.streamed.emplace_back(
       "model.pt", [weights = weights_](const ByteSink& out) { pickle_tensors(weights, out); });
-  snapshot.streamed.emplace_back("optim.pt", [optim](const ByteSink& out) {
-    write_archive(out, [&](const ArchiveWriterFunction& writer, const bool& /*failed*/) {
-      optim->save_to(writer);
+  if (optim) {
+    snapshot.streamed.emplace_back("optim.pt", [optim](const ByteSink& out) {
+      write_archive(out, [&](const ArchiveWriterFunction& writer, const bool& /*failed*/) {
+        optim->save_to(writer);
+      });
     });
-  });
+  }
   snapshot.streamed.emplace_back(
       "trainer.pt", [rng = std::move(rng_)](const ByteSink& out) { pickle_tensors(rng, out); });
   rng_.clear();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,12 +41,16 @@ class HostStateCopy {
   void copy(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
             NamedTensors rng_states);
 
+  /// copy() of a sharded run: the model and `rng_states` only, whose build() writes no
+  /// optim.pt (every rank writes its optimizer state as a shard file: shard_files.h).
+  void copy(const torch::nn::Module& model, NamedTensors rng_states);
+
   /// Fills meta.model_digest, meta.threads and meta.cpu_capability of `snapshot` from the last
-  /// copy(), and its streamed files (model.pt, optim.pt, trainer.pt): sources that serialize
-  /// each file as the store writes it, every tensor's bytes straight from its host buffer (no
-  /// image of a file in memory). The sources share the buffers: the next copy() must wait
-  /// until the snapshot is written and destroyed (a reused buffer would change under a write).
-  /// Any thread.
+  /// copy(), and its streamed files (model.pt, optim.pt unless a sharded copy, trainer.pt):
+  /// sources that serialize each file as the store writes it, every tensor's bytes straight
+  /// from its host buffer (no image of a file in memory). The sources share the buffers: the
+  /// next copy() must wait until the snapshot is written and destroyed (a reused buffer would
+  /// change under a write). Any thread.
   void build(CheckpointSnapshot& snapshot);
 
   /// Whether a CPU run's buffers stay from save to save (a save into memory that is already
@@ -61,6 +66,10 @@ class HostStateCopy {
 
  private:
   void release();  ///< frees the buffers
+  /// copy()'s halves: the weights (returns the device of the first one not on the CPU), then
+  /// the generators and the event the build waits for, after every other copy is queued.
+  std::optional<c10::Device> copy_model(const torch::nn::Module& model);
+  void finish_copy(std::optional<c10::Device> device, NamedTensors rng_states);
 
   NamedTensors weights_;  ///< state_dict order
   NamedTensors rng_;

@@ -34,40 +34,6 @@ using namespace checkpoint_folder;
 
 std::string pid_string() { return std::to_string(::getpid()); }
 
-// Every file of `snapshot` with the source of its bytes, the in-memory ones first. Throws
-// std::invalid_argument, before anything is written, for a file name that is not one plain path
-// component, the manifest's own name, or a duplicate.
-std::vector<std::pair<std::string, ByteSource>> file_sources(const CheckpointSnapshot& snapshot) {
-  std::vector<std::pair<std::string, ByteSource>> sources;
-  for (const auto& [name, bytes] : snapshot.files)
-    sources.emplace_back(
-        name, [&bytes = bytes](const ByteSink& out) { out(bytes.data(), bytes.size()); });
-  for (const auto& [name, source] : snapshot.streamed) sources.emplace_back(name, source);
-  std::set<std::string> seen;
-  for (const auto& [name, source] : sources) {
-    if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
-      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
-    }
-  }
-  return sources;
-}
-
-// The files table of a manifest, {name: {bytes, xxh3}}, of `sources` run without writing
-// anything: for the rare save of a checkpoint that is complete on disk already.
-json hash_files(const std::vector<std::pair<std::string, ByteSource>>& sources) {
-  json files = json::object();
-  for (const auto& [name, source] : sources) {
-    Xxh3 hash;
-    int64_t bytes = 0;
-    source([&](const char* data, size_t size) {
-      hash.update(data, size);
-      bytes += static_cast<int64_t>(size);
-    });
-    files[name] = {{"bytes", bytes}, {"xxh3", hash.hex()}};
-  }
-  return files;
-}
-
 // Renames DIR/NAME out of the way (to a .tmp-del-* name that readers ignore and
 // clean_temporaries() removes) and then deletes it, so that a crash mid-delete never leaves a
 // half-deleted folder that looks like a checkpoint.
@@ -91,6 +57,53 @@ std::string set_aside(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
+namespace checkpoint_folder {
+
+FileSources file_sources(const CheckpointSnapshot& snapshot, const json& taken) {
+  FileSources sources;
+  for (const auto& [name, bytes] : snapshot.files)
+    sources.emplace_back(
+        name, [&bytes = bytes](const ByteSink& out) { out(bytes.data(), bytes.size()); });
+  for (const auto& [name, source] : snapshot.streamed) sources.emplace_back(name, source);
+  std::set<std::string> seen;
+  for (const auto& [name, source] : sources) {
+    if (!is_plain_name(name) || name == kManifest || taken.contains(name) ||
+        !seen.insert(name).second) {
+      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
+    }
+  }
+  return sources;
+}
+
+json hash_sources(const FileSources& sources) {
+  json files = json::object();
+  for (const auto& [name, source] : sources) {
+    Xxh3 hash;
+    int64_t bytes = 0;
+    source([&](const char* data, size_t size) {
+      hash.update(data, size);
+      bytes += static_cast<int64_t>(size);
+    });
+    files[name] = {{"bytes", bytes}, {"xxh3", hash.hex()}};
+  }
+  return files;
+}
+
+int64_t write_sources(const std::string& dir, const FileSources& sources, json& files) {
+  int64_t bytes = 0;
+  for (const auto& [name, source] : sources) {
+    std::optional<Xxh3> hash;  // started over when a transient error makes the write retry
+    const int64_t n = fs::write_streamed(
+        join(dir, name), source, [&](const char* data, size_t size) { hash->update(data, size); },
+        [&] { hash.emplace(); });
+    files[name] = {{"bytes", n}, {"xxh3", hash->hex()}};
+    bytes += n;
+  }
+  return bytes;
+}
+
+}  // namespace checkpoint_folder
+
 CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last), view_(dir_, ReadErrors::kThrow) {
   if (keep_last_ < 1) {
@@ -100,24 +113,16 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 }
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
-  const std::vector<std::pair<std::string, ByteSource>> sources = file_sources(snapshot);
+  if (!snapshot.shard_folder.empty()) return save_sharded(snapshot);
+  const FileSources sources = file_sources(snapshot);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
   return commit(
-      name, [&] { return hash_files(sources); }, {"before_rename", "before_latest", ++saves_},
+      name, [&] { return hash_sources(sources); }, {"before_rename", "before_latest", ++saves_},
       [&](const std::string& tmp) {
         // Each file streamed from its source to the disk, its xxh3 computed as the bytes pass:
         // the manifest needs no second read.
         json files = json::object();
-        int64_t bytes = 0;
-        for (const auto& [file_name, source] : sources) {
-          std::optional<Xxh3> hash;
-          const int64_t n = fs::write_streamed(
-              join(tmp, file_name), source,
-              [&](const char* data, size_t size) { hash->update(data, size); },
-              [&] { hash.emplace(); });
-          files[file_name] = {{"bytes", n}, {"xxh3", hash->hex()}};
-          bytes += n;
-        }
+        const int64_t bytes = write_sources(tmp, sources, files);
         fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
         return bytes;
       });

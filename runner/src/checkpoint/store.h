@@ -28,7 +28,8 @@ namespace gpurun {
 
 /// Version of the checkpoint layout and manifest; bumped on incompatible change.
 /// 2: the manifest carries a checksum of its own (checkpoint/manifest.h); 1 (read, with the
-/// folder name's check alone) has none.
+/// folder name's check alone) has none. A sharded checkpoint's manifest is version 3
+/// (kShardedFormatVersion, checkpoint/shard_index.h), the newest this gpurun reads.
 inline constexpr int kCheckpointFormatVersion = 2;
 
 /// What a checkpoint records besides its data files (all stored in manifest.json).
@@ -44,6 +45,9 @@ struct CheckpointMeta {
   int64_t threads = 0;                             ///< intra-op threads used (determinism)
   std::string cpu_capability;  ///< LibTorch's CPU vector capability (determinism)
   nlohmann::json extra = nlohmann::json::object();  ///< free-form, kept as is
+  /// A sharded checkpoint's ShardIndex::to_json() (checkpoint/shard_index.h), written as the
+  /// manifest's sharded_optimizer with format_version 3; null for an unsharded one (optim.pt).
+  nlohmann::json sharded_optimizer;
 };
 
 /// One checkpoint to be written: its metadata and its files, each either bytes in host memory
@@ -56,6 +60,12 @@ struct CheckpointSnapshot {
   /// file name -> its bytes' source, written after `files`; it may be run more than once (a
   /// write retried after a transient storage error), and must give the same bytes each time.
   std::vector<std::pair<std::string, ByteSource>> streamed;
+
+  /// A sharded save: the temporary folder (CheckpointStore::shard_folder()) where every rank
+  /// wrote its shard file, and those files' manifest entries ({name: {bytes, xxh3}}). The save
+  /// moves them into the checkpoint beside `files` and `streamed` (checkpoint/shard_store.cpp).
+  std::string shard_folder;
+  nlohmann::json shard_files = nlohmann::json::object();
 
   /// Moves every streamed file into `files` (runs its source into memory).
   void materialize();
@@ -243,6 +253,11 @@ class CheckpointStore {
   /// complete checkpoint and LATEST as they were.
   SaveResult save(const CheckpointSnapshot& snapshot);
 
+  /// A new temporary folder DIR/.tmp-NAME-shards-PID for the shard files of the sharded save of
+  /// checkpoint NAME (every rank writes its own there; readers ignore and clean_temporaries()
+  /// removes .tmp-* folders). Throws IoError.
+  std::string shard_folder(const std::string& name);
+
   /// Copies the checkpoint folder `folder` of another tier (checkpoint.local_dir) into DIR
   /// with the protocol of save(): every file is streamed into a temporary folder and checked
   /// against the source's manifest as it passes, manifest.json is copied unchanged, then the
@@ -309,6 +324,10 @@ class CheckpointStore {
     int64_t attempt;
   };
   using Fill = std::function<int64_t(const std::string& tmp)>;
+  /// save() of a snapshot with a shard_folder (shard_store.cpp): the shard files are renamed
+  /// into the checkpoint's temporary folder, the other files written beside them, the manifest
+  /// last (fault point "before_manifest" just before it).
+  SaveResult save_sharded(const CheckpointSnapshot& snapshot);
   /// The manifest's files table of what is being written, called only when a complete
   /// checkpoint of that name exists already (to say whether it holds the same bytes).
   using FilesTable = std::function<nlohmann::json()>;

@@ -68,7 +68,11 @@ struct FileSource {
 }  // namespace
 
 NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint) {
-  return FileSource(checkpoint, "model.pt").unpickle();
+  return load_checkpoint_tensors(checkpoint, "model.pt");
+}
+
+NamedTensors load_checkpoint_tensors(const LoadedCheckpoint& checkpoint, const std::string& name) {
+  return FileSource(checkpoint, name).unpickle();
 }
 
 std::string cpu_capability() {
@@ -138,26 +142,35 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
   std::future<NamedTensors> weights =
       std::async(policy, [&checkpoint] { return FileSource(checkpoint, "model.pt").unpickle(); });
   torch::serialize::InputArchive archive;
-  {
-    // To host memory first; optimizer.load() moves the state next to the parameters.
-    const FileSource optim(checkpoint, "optim.pt");
-    try {
-      archive.load_from(
-          [&](uint64_t pos, void* buf, size_t n) { return optim.reader->read(pos, buf, n); },
-          [&] { return optim.reader->size(); }, at::kCPU);
-    } catch (const c10::Error& e) {
-      optim.verify();  // a read error or changed bytes say more than the parser's complaint
-      throw DamagedCheckpointError(optim.what +
-                                   " is not an optimizer archive: " + e.what_without_backtrace());
-    }
-    optim.verify();
-  }
+  load_optimizer_archive(checkpoint, archive);
   const NamedTensors generators = FileSource(checkpoint, "trainer.pt").unpickle();
   const NamedTensors saved = weights.get();
+  check_weights(saved, model, where);
+  copy_weights(saved, model);
+  optimizer.load(archive);
+  return restore_generators(generators, model, rank);
+}
 
+void load_optimizer_archive(const LoadedCheckpoint& checkpoint,
+                            torch::serialize::InputArchive& archive) {
+  // To host memory first; optimizer.load() moves the state next to the parameters.
+  const FileSource optim(checkpoint, "optim.pt");
+  try {
+    archive.load_from(
+        [&](uint64_t pos, void* buf, size_t n) { return optim.reader->read(pos, buf, n); },
+        [&] { return optim.reader->size(); }, at::kCPU);
+  } catch (const c10::Error& e) {
+    optim.verify();  // a read error or changed bytes say more than the parser's complaint
+    throw DamagedCheckpointError(optim.what +
+                                 " is not an optimizer archive: " + e.what_without_backtrace());
+  }
+  optim.verify();
+}
+
+void check_weights(const NamedTensors& saved, const torch::nn::Module& model,
+                   const std::string& where) {
   std::map<std::string, at::Tensor> by_name(saved.begin(), saved.end());
-  const NamedTensors live = state_dict(model);
-  for (const auto& [name, tensor] : live) {
+  for (const auto& [name, tensor] : state_dict(model)) {
     auto it = by_name.find(name);
     if (it == by_name.end()) throw ResumeError(where + "/model.pt has no tensor " + name);
     if (it->second.sizes() != tensor.sizes())
@@ -165,11 +178,15 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
                         c10::str(it->second.sizes()) + ", the model expects " +
                         c10::str(tensor.sizes()));
   }
-  {
-    at::NoGradGuard no_grad;
-    for (const auto& [name, tensor] : live) tensor.copy_(by_name.at(name));
-  }
-  optimizer.load(archive);
+}
+
+void copy_weights(const NamedTensors& saved, torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> by_name(saved.begin(), saved.end());
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : state_dict(model)) tensor.copy_(by_name.at(name));
+}
+
+bool restore_generators(const NamedTensors& generators, const torch::nn::Module& model, int rank) {
   const c10::Device device = model_device(model);
   bool found_cpu = false;
   for (const auto& [name, tensor] : generators) {

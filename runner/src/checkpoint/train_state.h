@@ -12,6 +12,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
 
 #include "checkpoint/pickle.h"  // NamedTensors, pickle_tensors(), unpickle_tensors()
 #include "checkpoint/store.h"
@@ -60,6 +61,24 @@ bool restore_state(const LoadedCheckpoint& checkpoint, torch::nn::Module& model,
 /// The model's tensors of a checkpoint (model.pt, read and checked as restore_state() reads
 /// it). Throws DamagedCheckpointError and IoError as restore_state() does.
 NamedTensors load_model_tensors(const LoadedCheckpoint& checkpoint);
+
+/// The tensors of the checkpoint's pickled file `name` (model.pt, trainer.pt), read and checked
+/// as restore_state() reads it. Throws DamagedCheckpointError and IoError as restore_state() does.
+NamedTensors load_checkpoint_tensors(const LoadedCheckpoint& checkpoint, const std::string& name);
+
+/// The parts of restore_state() that a sharded restore (sharded_state.h) shares with it:
+/// check_weights() throws ResumeError when `saved` (model.pt of the checkpoint at `where`) lacks
+/// a tensor of `model`'s state_dict or holds it in another shape; copy_weights() then copies
+/// them in place; restore_generators() sets rank `rank`'s generators from trainer.pt's tensors
+/// and returns whether the CPU one was there.
+/// load_optimizer_archive() reads optim.pt into `archive` (tensors on the host), checked as it
+/// is read; throws DamagedCheckpointError and IoError as restore_state() does.
+void load_optimizer_archive(const LoadedCheckpoint& checkpoint,
+                            torch::serialize::InputArchive& archive);
+void check_weights(const NamedTensors& saved, const torch::nn::Module& model,
+                   const std::string& where);
+void copy_weights(const NamedTensors& saved, torch::nn::Module& model);
+bool restore_generators(const NamedTensors& generators, const torch::nn::Module& model, int rank);
 
 /// LibTorch's CPU vector capability in use ("AVX2", "AVX512", "DEFAULT", ...).
 std::string cpu_capability();

@@ -88,6 +88,10 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(optim, beta2), fraction(), "adam, adamw: second moment decay", kHashed},
     {GPURUN_KEY(optim, eps), above(0), "adam, adamw: denominator term", kHashed},
     {GPURUN_KEY(optim, grad_clip), at_least(0), "max global L2 norm of gradients; 0: off", kHashed},
+    // 16-bit weights round differently from fp32 ones: what is learned changes.
+    {GPURUN_KEY(optim, master_weights), any(), "bf16, fp16: 16-bit weights, fp32 master copy in the optimizer", kHashed},
+    // Where the state lives, not what it is.
+    {GPURUN_KEY(optim, offload), one_of({"none", "host", "auto"}), "optimizer state and step in host memory: none | host | auto", kNotHashed},
     {GPURUN_KEY(schedule, name), one_of({"constant", "step", "cosine"}), "lr schedule", kHashed},
     {GPURUN_KEY(schedule, warmup_steps), at_least(0), "linear warm-up, optimizer steps", kHashed},
     {GPURUN_KEY(schedule, step_size), at_least(1), "step: optimizer steps per decay", kHashed},
@@ -122,6 +126,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(memory, probe_steps), at_least(1), "measured steps per probed plan", kNotHashed},
     {GPURUN_KEY(log, every_steps), at_least(1), "a step event every N optimizer steps", kNotHashed},
     {GPURUN_KEY(distributed, timeout), above(0), "seconds a rendezvous or collective may wait", kNotHashed},
+    // A resume may reshard: the state is the same, held in other places.
+    {GPURUN_KEY(distributed, shard), one_of({"none", "optimizer", "gradients", "auto"}), "optimizer state sharded over the ranks: none | optimizer | gradients | auto", kNotHashed},
     // Sampling runs on a saved-and-restored RNG: it never changes what is learned.
     {GPURUN_KEY(sample, length), at_least(0), "characters generated after each epoch (token data); 0: off", kNotHashed},
     {GPURUN_KEY(sample, prompt), any(), "start text; empty: the evaluation text's first characters", kNotHashed},

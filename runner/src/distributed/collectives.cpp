@@ -218,6 +218,29 @@ void Collectives::sync_gradients(const std::vector<at::Tensor>& params,
   ++impl_->stats.gradient_syncs;
 }
 
+void Collectives::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = input, out = output;
+  impl_->stats.reduce_scatter_bytes += static_cast<int64_t>(in.nbytes());
+  ::c10d::ReduceScatterOptions options;
+  options.reduceOp = ::c10d::ReduceOp::SUM;
+  impl_->wait(impl_->run([&](auto& g) { return g._reduce_scatter_base(out, in, options); }),
+              "reduce-scatter");
+}
+
+void Collectives::all_gather(const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = input, out = output;
+  impl_->stats.all_gather_bytes += static_cast<int64_t>(out.nbytes());
+  impl_->wait(impl_->run([&](auto& g) { return g._allgather_base(out, in); }), "all-gather");
+}
+
+int64_t CollectiveStats::moved_bytes(int world_size) const {
+  if (world_size < 2) return 0;
+  const double share = static_cast<double>(world_size - 1) / world_size;
+  return static_cast<int64_t>(share * (2.0 * static_cast<double>(all_reduce_bytes) +
+                                       static_cast<double>(reduce_scatter_bytes) +
+                                       static_cast<double>(all_gather_bytes)));
+}
+
 std::vector<double> Collectives::all_reduce(std::vector<double> values, Op op) {
   if (values.empty()) return values;
   at::Tensor flat = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device);

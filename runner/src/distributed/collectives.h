@@ -25,22 +25,27 @@
 #include <c10/core/Device.h>
 
 #include "distributed/worker_env.h"
+#include "optim/step_collectives.h"
 
 namespace gpurun {
 
 /// What the collectives moved, for the `step` event and the benchmark.
 struct CollectiveStats {
-  int64_t gradient_syncs = 0;    ///< sync_gradients() rounds
-  int64_t all_reduce_calls = 0;  ///< c10d all-reduce calls, all purposes
-  int64_t all_reduce_bytes = 0;  ///< bytes of the tensors handed to them
+  int64_t gradient_syncs = 0;        ///< sync_gradients() rounds
+  int64_t all_reduce_calls = 0;      ///< c10d all-reduce calls, all purposes
+  int64_t all_reduce_bytes = 0;      ///< bytes of the tensors handed to them
+  int64_t reduce_scatter_bytes = 0;  ///< bytes of the reduce-scatters' inputs (all ranks' blocks)
+  int64_t all_gather_bytes = 0;      ///< bytes of the all-gathers' outputs (all ranks' blocks)
+  /// Bytes each rank sends with ring algorithms (Patarasuk & Yuan 2009): all-reduce
+  /// 2 (N-1)/N x B, reduce-scatter and all-gather (N-1)/N x B each: the measure by which a
+  /// sharded step (reduce-scatter + all-gather) moves what DDP's all-reduce moves.
+  int64_t moved_bytes(int world_size) const;
 };
 
-class Collectives {
+class Collectives final : public StepCollectives {
  public:
   /// Bucket size cap, as DDP's default bucket_cap_mb = 25.
   static constexpr int64_t kBucketBytes = 25LL << 20;
-
-  enum class Op { kSum, kMax };
 
   /// Joins the job `env` describes: rank 0 hosts the TCPStore at master_addr:master_port and
   /// waits for the others, then every rank creates the process group (NCCL when `device` is
@@ -51,18 +56,24 @@ class Collectives {
                                               double timeout_seconds);
   ~Collectives();
 
-  int rank() const;
-  int world_size() const;
+  int rank() const override;
+  int world_size() const override;
 
   /// Sums the gradients of `params` over all ranks, in place, and `control` values with them
   /// (appended to the last bucket: flags and loss sums ride along at no extra round). A
   /// parameter without a gradient contributes zeros and has one afterwards. The caller scales
   /// each rank's gradient so that the sum is the mean over the global window. All parameters
   /// must be on this process group's device. One round: CollectiveStats::gradient_syncs + 1.
-  void sync_gradients(const std::vector<at::Tensor>& params, std::vector<double>& control);
+  void sync_gradients(const std::vector<at::Tensor>& params, std::vector<double>& control) override;
+
+  /// StepCollectives::reduce_scatter, c10d's _reduce_scatter_base; counted in
+  /// CollectiveStats::reduce_scatter_bytes.
+  void reduce_scatter(const at::Tensor& input, const at::Tensor& output) override;
+  /// StepCollectives::all_gather, c10d's _allgather_base; counted in all_gather_bytes.
+  void all_gather(const at::Tensor& input, const at::Tensor& output) override;
 
   /// Reduces `values` element-wise over all ranks (float64) and returns the result.
-  std::vector<double> all_reduce(std::vector<double> values, Op op);
+  std::vector<double> all_reduce(std::vector<double> values, Op op) override;
 
   /// Returns once every rank has called it.
   void barrier();

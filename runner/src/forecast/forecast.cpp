@@ -21,7 +21,8 @@ void fit(CardForecast& f, const Card& card, const Workload& w) {
   if (static_cast<double>(w.state_bytes) > usable) {
     f.plan = "checkpoint capture or resume loading needs " + format_bytes(w.state_bytes) +
              " (weights, gradients and optimizer state), which no micro-batch changes; DDP "
-             "replicates them on every card, and gpurun does not shard them";
+             "replicates them on every card, distributed.shard cuts the optimizer state per "
+             "card";
     f.predicted_peak_bytes = w.state_bytes;
     return;
   }
@@ -53,12 +54,53 @@ void fit(CardForecast& f, const Card& card, const Workload& w) {
     if (w.checkpointed && w.checkpointed->at(d) <= usable)
       return take("with_plan", d, true, w.checkpointed->at(d));
   }
+  // The configured micro-batch with activation checkpointing (the only option at micro-batch 1).
+  if (w.checkpointed && w.checkpointed->at(w.micro_batch) <= usable)
+    return take("with_plan", w.micro_batch, true, w.checkpointed->at(w.micro_batch));
   f.predicted_peak_bytes =
       static_cast<int64_t>(w.checkpointed ? w.checkpointed->at(1) : w.plain.at(1));
   f.plan = "micro-batch 1" + std::string(w.checkpointed ? " with activation checkpointing" : "") +
            " needs " + format_bytes(f.predicted_peak_bytes) +
-           "; DDP replicates the model on every card and does not cut this, and gpurun has no "
-           "sharding (tensor parallelism, FSDP)";
+           "; DDP replicates the model on every card and does not cut this; distributed.shard "
+           "cuts the optimizer state (and the master weights) per card, not the weights";
+}
+
+/// cards_to_fit and the one card with offload, from the per-rank needs.
+void fit_sharded(CardForecast& f, const Card& card, const Workload& w) {
+  if (!w.sharded) return;
+  const double usable = static_cast<double>(card.memory_bytes) * (1.0 - w.headroom);
+  if (f.fits != "no") {
+    f.cards_to_fit = 1;
+    f.cards_to_fit_bytes = f.predicted_peak_bytes;
+  } else {
+    for (int64_t n = 2; n <= kMaxCardsToFit; ++n) {
+      const Workload::RankNeed need = w.sharded(n, false);
+      if (static_cast<double>(need.card_bytes) > usable) continue;
+      f.cards_to_fit = n;
+      f.cards_to_fit_bytes = need.card_bytes;
+      break;
+    }
+  }
+  const Workload::RankNeed one = w.sharded(1, true);
+  f.offload = CardForecast::Offload{static_cast<double>(one.card_bytes) <= usable, one.card_bytes,
+                                    one.host_bytes};
+  if (f.fits != "no") return;
+  std::string say;
+  if (f.cards_to_fit) {
+    say = "sharded over " + std::to_string(*f.cards_to_fit) + " cards it fits (" +
+          format_bytes(f.cards_to_fit_bytes) + " a card at micro-batch 1" +
+          (w.global_batch % *f.cards_to_fit == 0
+               ? ""
+               : "; train.batch_size " + std::to_string(w.global_batch) +
+                     " must be a multiple of " + std::to_string(*f.cards_to_fit)) +
+          ")";
+  } else {
+    say = "no count of cards up to " + std::to_string(kMaxCardsToFit) + " holds it sharded";
+  }
+  if (f.offload->fits)
+    say += "; one card holds it with optim.offload: host (" + format_bytes(one.card_bytes) +
+           " on the card, " + format_bytes(one.host_bytes) + " of host memory)";
+  f.note = f.note.empty() ? say : f.note + "; " + say;
 }
 
 }  // namespace
@@ -66,6 +108,7 @@ void fit(CardForecast& f, const Card& card, const Workload& w) {
 CardForecast forecast(const Card& card, const Workload& w, double deadline_hours) {
   CardForecast f;
   fit(f, card, w);
+  fit_sharded(f, card, w);
   if (f.fits == "no") return f;
   const bool low = w.precision != "fp32";
   const std::optional<double> tflops =
@@ -111,21 +154,28 @@ CardForecast forecast(const Card& card, const Workload& w, double deadline_hours
 }
 
 nlohmann::json CardForecast::to_json(const Card& card) const {
-  nlohmann::json j = {{"name", card.name},
-                      {"card", card.name},
-                      {"memory_bytes", card.memory_bytes},
-                      {"capacity_bytes", card.memory_bytes},
-                      {"fits", fits},
-                      {"plan", plan},
-                      {"predicted_peak_bytes", predicted_peak_bytes},
-                      {"predicted_step_seconds", or_null(predicted_step_seconds)},
-                      {"hours_to_finish", or_null(hours_to_finish)},
-                      {"cost_to_finish", or_null(cost_to_finish)},
-                      {"lost_hours_per_reclaim", or_null(lost_hours_per_reclaim)},
-                      {"lost_cost_per_reclaim", or_null(lost_cost_per_reclaim)},
-                      {"cards_for_deadline",
-                       cards_for_deadline ? nlohmann::json(*cards_for_deadline) : nlohmann::json()},
-                      {"note", note}};
+  nlohmann::json j = {
+      {"name", card.name},
+      {"card", card.name},
+      {"memory_bytes", card.memory_bytes},
+      {"capacity_bytes", card.memory_bytes},
+      {"fits", fits},
+      {"plan", plan},
+      {"predicted_peak_bytes", predicted_peak_bytes},
+      {"predicted_step_seconds", or_null(predicted_step_seconds)},
+      {"hours_to_finish", or_null(hours_to_finish)},
+      {"cost_to_finish", or_null(cost_to_finish)},
+      {"lost_hours_per_reclaim", or_null(lost_hours_per_reclaim)},
+      {"lost_cost_per_reclaim", or_null(lost_cost_per_reclaim)},
+      {"cards_for_deadline",
+       cards_for_deadline ? nlohmann::json(*cards_for_deadline) : nlohmann::json()},
+      {"note", note},
+      {"cards_to_fit", cards_to_fit ? nlohmann::json(*cards_to_fit) : nlohmann::json()},
+      {"cards_to_fit_bytes", cards_to_fit ? nlohmann::json(cards_to_fit_bytes) : nlohmann::json()},
+      {"offload", offload ? nlohmann::json{{"fits", offload->fits},
+                                           {"card_bytes", offload->card_bytes},
+                                           {"host_bytes", offload->host_bytes}}
+                          : nlohmann::json()}};
   if (fits != "no") {
     j["micro_batch"] = micro_batch;
     j["accumulation_steps"] = accumulation;

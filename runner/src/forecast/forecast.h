@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -42,7 +43,19 @@ struct Workload {
   int64_t checkpoint_every_steps = 0;  ///< checkpoint.every_steps; 0: none
   int64_t steps_per_epoch = 0;
   double headroom = 0.1;  ///< memory.headroom: fraction of a card kept free
+  /// What one rank of `cards` needs for the smallest step (micro-batch 1, with activation
+  /// checkpointing where the model has it) when the optimizer state is sharded over them
+  /// (memory/rank_state.h: the better of modes optimizer and gradients), or with `offload` its
+  /// state in host memory: bytes on the card and in the host's memory. Unset: not known, and
+  /// the cards to fit and the offload answer are null.
+  struct RankNeed {
+    int64_t card_bytes = 0, host_bytes = 0;
+  };
+  std::function<RankNeed(int64_t cards, bool offload)> sharded;
 };
+
+/// The most cards cards_to_fit looks at.
+inline constexpr int64_t kMaxCardsToFit = 64;
 
 /// The share of a card's data-sheet throughput a training step reaches: PaLM measured 46% model
 /// FLOPs utilisation on TPUs, large GPU runs report 35-55% (Chowdhery et al. 2022, "PaLM",
@@ -65,9 +78,23 @@ struct CardForecast {
   /// that DDP needs to finish within it, assuming linear scaling; none otherwise or not possible.
   std::optional<int64_t> cards_for_deadline;
   std::string note;  ///< why a field is missing, or what the DDP count assumes
+  /// The fewest cards of this kind that hold the run: 1 when one card does as it is, else
+  /// with the optimizer state sharded over them (Workload::sharded), micro-batch 1; none when
+  /// no count up to kMaxCardsToFit does, or not known. The global batch must be a multiple of
+  /// it (the note says so when it is not).
+  std::optional<int64_t> cards_to_fit;
+  int64_t cards_to_fit_bytes = 0;  ///< what each of those cards holds at its peak
+  /// One card with the optimizer state offloaded to host memory: whether the card holds it,
+  /// and the card's and the host's bytes; none: not known.
+  struct Offload {
+    bool fits = false;
+    int64_t card_bytes = 0, host_bytes = 0;
+  };
+  std::optional<Offload> offload;
 
-  /// {name, memory_bytes, fits, plan, predicted_step_seconds, ..., cards_for_deadline}, null
-  /// for what is missing; plus card (the name), capacity_bytes and predicted_peak_bytes.
+  /// {name, memory_bytes, fits, plan, predicted_step_seconds, ..., cards_for_deadline,
+  /// cards_to_fit, cards_to_fit_bytes, offload: {fits, card_bytes, host_bytes}}, null for what
+  /// is missing; plus card (the name), capacity_bytes and predicted_peak_bytes.
   nlohmann::json to_json(const Card& card) const;
 };
 

@@ -18,6 +18,7 @@
 #include "checkpoint/train_state.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
+#include "memory/rank_state.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "train/micro_batch_step.h"
@@ -170,6 +171,9 @@ nlohmann::json Estimate::to_json() const {
           {"activations", activations},
           {"weight_casts", weight_casts},
           {"optimizer_temporaries", optimizer_temporaries},
+          {"gradient_slice", gradient_slice},
+          {"gradients_released", gradients_released},
+          {"host_bytes", host_bytes},
           {"total", total()},
           {"forward_flops_per_sample", forward_flops_per_sample}};
 }
@@ -183,7 +187,17 @@ Estimate Estimate::from_json(const nlohmann::json& j) {
   e.activations = j.value("activations", int64_t{0});
   e.weight_casts = j.value("weight_casts", int64_t{0});
   e.optimizer_temporaries = j.value("optimizer_temporaries", int64_t{0});
+  e.gradient_slice = j.value("gradient_slice", int64_t{0});
+  e.gradients_released = j.value("gradients_released", false);
+  e.host_bytes = j.value("host_bytes", int64_t{0});
   e.forward_flops_per_sample = j.value("forward_flops_per_sample", 0.0);
+  return e;
+}
+
+Estimate Estimate::with_state(const Estimate& state) const {
+  Estimate e = state;
+  e.activations = activations;
+  e.forward_flops_per_sample = forward_flops_per_sample;
   return e;
 }
 
@@ -207,26 +221,7 @@ int64_t activation_bytes(const std::vector<SegmentActivations>& segments, bool c
 }
 
 Estimate estimate_state(SegmentedModel& model, const OptimConfig& optim, Precision precision) {
-  Estimate e;
-  for (const auto& entry : state_dict(model)) e.parameters += entry.second.nbytes();
-  const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
-  int64_t largest = 0;  // the largest trainable parameter, for the optimizer's temporaries
-  for (const auto& p : model.parameters()) {
-    if (!p.requires_grad()) continue;
-    e.gradients += p.nbytes();
-    largest = std::max<int64_t>(largest, p.nbytes());
-    // Autocast keeps a low-precision copy of each trainable weight matrix for the forward
-    // and backward of a step (its cast cache); vectors (biases, norms) run in float32.
-    if (precision != Precision::kFp32 && p.dim() >= 2) e.weight_casts += p.numel() * half;
-  }
-  if (optim.name == "adam" || optim.name == "adamw") {
-    e.optimizer_state = 2 * e.gradients;
-    e.optimizer_temporaries = 2 * largest;
-  } else {
-    if (optim.momentum > 0) e.optimizer_state = e.gradients;
-    if (optim.weight_decay > 0) e.optimizer_temporaries = largest;
-  }
-  return e;
+  return rank_state(state_shape(model), optim, precision, OptimizerPlacement{}, 1);
 }
 
 Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,

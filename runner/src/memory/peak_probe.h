@@ -49,18 +49,28 @@ class SegmentedModel;
 ///                          activations are freed: Adam, AdamW 2 x the largest trainable
 ///                          parameter (sqrt(v) and its quotient, torch::optim::Adam::step);
 ///                          SGD with weight decay 1 x; else 0
-/// total = parameters + gradients + optimizer_state + the larger of activations + weight_casts
-/// (the forward and backward pass) and optimizer_temporaries (the step, after autocast's cache
-/// is cleared).
+/// The sharded optimizer's parts (memory/rank_state.h, per rank):
+///   gradient_slice         its fp32 gradient slice and all-gather send buffer; 0 replicated
+///   gradients_released     distributed.shard gradients: the gradient buffer is released
+///                          before the update, so it is not alive beside the temporaries
+///   host_bytes             optim.offload host: state in host memory, not counted in total()
+/// total = parameters + optimizer_state + gradient_slice + the larger of gradients +
+/// activations + weight_casts (the forward and backward pass) and the gradients still alive +
+/// optimizer_temporaries (the step, after autocast's cache is cleared).
 struct Estimate {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, weight_casts = 0,
-          optimizer_temporaries = 0;
+          optimizer_temporaries = 0, gradient_slice = 0, host_bytes = 0;
+  bool gradients_released = false;
   /// Not memory: the forward pass's FLOPs for one sample (SegmentActivations::forward_flops).
   double forward_flops_per_sample = 0;
   int64_t total() const {
-    return parameters + gradients + optimizer_state +
-           std::max(activations + weight_casts, optimizer_temporaries);
+    return parameters + optimizer_state + gradient_slice +
+           std::max(gradients + activations + weight_casts,
+                    (gradients_released ? 0 : gradients) + optimizer_temporaries);
   }
+  /// The state parts of `state` (per rank, rank_state.h) with this estimate's activations and
+  /// FLOPs.
+  Estimate with_state(const Estimate& state) const;
   nlohmann::json to_json() const;
   /// Inverse of to_json(); a missing part reads 0.
   static Estimate from_json(const nlohmann::json& j);

@@ -219,7 +219,11 @@ nlohmann::json MemoryPlan::to_json() const {
                       {"capacity_bytes", capacity_bytes},
                       {"step_seconds", step_seconds},
                       {"reason", reason},
-                      {"precision", precision}};
+                      {"precision", precision},
+                      {"shard", shard},
+                      {"offload", offload},
+                      {"shard_reason", shard_reason},
+                      {"host_bytes", host_bytes}};
   if (!estimate.is_null()) j["estimate"] = estimate;
   return j;
 }
@@ -240,6 +244,10 @@ MemoryPlan MemoryPlan::from_json(const nlohmann::json& j) {
   p.step_seconds = j.value("step_seconds", 0.0);
   p.reason = j.value("reason", std::string());
   p.precision = j.value("precision", std::string("fp32"));
+  p.shard = j.value("shard", std::string("none"));
+  p.offload = j.value("offload", false);
+  p.shard_reason = j.value("shard_reason", std::string());
+  p.host_bytes = j.value("host_bytes", int64_t{0});
   return p;
 }
 

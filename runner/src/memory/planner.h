@@ -85,6 +85,14 @@ struct MemoryPlan {
   std::string reason;          ///< why this plan: "fits as configured", ...
   /// The precision the probes ran under: fp32, bf16 or fp16 (train.precision resolved).
   std::string precision = "fp32";
+  /// Where the optimizer's state lives (memory/placement.h, chosen before the probes): shard
+  /// "none" (replicated on every rank), "optimizer" or "gradients" (optim/flat_optimizer.h),
+  /// and offload (the state, master slice and update in host memory). A plan saved before
+  /// these existed reads "none" and false.
+  std::string shard = "none";
+  bool offload = false;
+  std::string shard_reason;  ///< why this placement: "fits replicated", ...
+  int64_t host_bytes = 0;    ///< host memory a rank's offloaded state takes, by the estimate
 
   /// Throws ConfigError naming the numbers when global != micro x accumulation x world.
   void validate() const;

@@ -79,6 +79,14 @@ struct Adapter {
 
 }  // namespace
 
+std::vector<std::pair<std::string, at::Tensor>> named_trainable_parameters(
+    const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& entry : model.named_parameters())
+    if (entry.value().requires_grad()) out.emplace_back(entry.key(), entry.value());
+  return out;
+}
+
 std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& model) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : model.parameters())

@@ -22,6 +22,9 @@ class SegmentedModel;
 /// The parameters that require grad, in parameters()' order: what the optimizer updates, the
 /// gradient sync sums and the estimate counts gradients and optimizer state for.
 std::vector<at::Tensor> trainable_parameters(const torch::nn::Module& model);
+/// trainable_parameters() with their names (state_dict keys).
+std::vector<std::pair<std::string, at::Tensor>> named_trainable_parameters(
+    const torch::nn::Module& model);
 
 /// Elements (not bytes) of the trainable and of all parameters.
 struct ParameterCounts {

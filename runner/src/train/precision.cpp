@@ -96,14 +96,18 @@ GradScaler::GradScaler(c10::Device device, Options options) : options_(options) 
 double GradScaler::scale_value() const { return scale_.item<double>(); }
 
 void GradScaler::unscale(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  unscale_tensors(grads);
+}
+
+void GradScaler::unscale_tensors(const std::vector<at::Tensor>& grads) {
   if (unscaled_)
     throw std::logic_error("GradScaler::unscale() was already called since the last update()");
   // In double, then float, as PyTorch computes its inv_scale.
   const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   found_inf_.zero_();
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
   // One call per dtype, as the kernel requires (PyTorch groups by device and dtype too).
   for (const c10::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble}) {
     std::vector<at::Tensor> group;
@@ -114,6 +118,10 @@ void GradScaler::unscale(const std::vector<at::Tensor>& params) {
   }
   unscaled_ = true;
 }
+
+double GradScaler::found_inf() const { return found_inf_.item<double>(); }
+
+void GradScaler::set_found_inf(double value) { found_inf_.fill_(value); }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
   if (!unscaled_) unscale(params);

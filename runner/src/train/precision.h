@@ -90,6 +90,12 @@ class GradScaler {
   /// whether any value is inf or NaN (at::_amp_foreach_non_finite_check_and_unscale_). Once per
   /// step: a second call before update() throws std::logic_error, as PyTorch's does.
   void unscale(const std::vector<at::Tensor>& params);
+  /// unscale() of the gradient tensors themselves (a sharded optimizer's fp32 slice).
+  void unscale_tensors(const std::vector<at::Tensor>& grads);
+  /// Whether the last unscale found an inf or NaN (1) or not (0): one read of the device.
+  double found_inf() const;
+  /// Sets that flag: a sharded step's value agreed by every rank (their maximum).
+  void set_found_inf(double value);
   /// Runs optimizer.step() unless unscale() found an inf or NaN (calling unscale() first when
   /// the step has not); returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);

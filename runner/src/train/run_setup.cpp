@@ -95,6 +95,10 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
                 {"has_segments", !s.model->segments().empty()},
                 {"one_sample", one(false).to_json()},
                 {"one_sample_checkpointed", one(true).to_json()}};
+      const StateShape state = state_shape(*s.model);
+      answer["state"] = {{"trainable", state.trainable},
+                         {"element_bytes", state.trainable_element_bytes},
+                         {"other_bytes", state.other_bytes}};
     } catch (const c10::Error& e) {
       answer = {{"error", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
@@ -132,6 +136,11 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
     shape.has_segments = answer["has_segments"].get<bool>();
     shape.one_sample = Estimate::from_json(answer["one_sample"]);
     shape.one_sample_checkpointed = Estimate::from_json(answer["one_sample_checkpointed"]);
+    const nlohmann::json& state = answer["state"];
+    shape.state.trainable =
+        state["trainable"].get<std::vector<std::pair<std::string, std::vector<int64_t>>>>();
+    shape.state.trainable_element_bytes = state["element_bytes"].get<int64_t>();
+    shape.state.other_bytes = state["other_bytes"].get<int64_t>();
   }
   return shape;
 }
@@ -148,12 +157,6 @@ Estimate smallest_step(const RunConfig& config, const ModelShape& shape) {
   return smallest_checkpoints(config, shape) ? shape.one_sample_checkpointed : shape.one_sample;
 }
 
-bool exceeds_by_estimate(const Estimate& e, int64_t usable_bytes) {
-  Estimate low = e;
-  low.activations = e.activations - e.activations / 10;
-  return low.total() > usable_bytes;
-}
-
 namespace {
 
 /// "the smallest card that fits: A100 40GB (37.25 GiB)" for `need` bytes with memory.headroom,
@@ -166,12 +169,16 @@ std::string card_advice(const RunConfig& config, int64_t need) {
 
 /// Throws RunDoesNotFit when the smallest step exceeds the usable capacity by the estimate.
 void require_fit_by_estimate(const RunConfig& config, const ModelShape& shape,
-                             int64_t capacity_bytes) {
+                             int64_t capacity_bytes, Precision precision, int64_t world_size) {
   PlanRequest request;
   request.capacity_bytes = capacity_bytes;
   request.headroom = config.memory.headroom;
   const int64_t usable = usable_bytes(request);
-  const Estimate e = smallest_step(config, shape);
+  // Under the placement the run would take (sharded when only that fits); an offload the host
+  // cannot hold is refused here, before a weight is built.
+  const Estimate e = place_optimizer(config, shape.state, smallest_step(config, shape), precision,
+                                     world_size, capacity_bytes)
+                         .smallest;
   if (!exceeds_by_estimate(e, usable)) return;
   const bool checkpointing = smallest_checkpoints(config, shape);
   throw RunDoesNotFit(
@@ -230,7 +237,8 @@ int64_t physical_memory_bytes() {
 }
 
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
-                     const Registry& registry, int local_rank, const ModelShape* shape) {
+                     const Registry& registry, int local_rank, const ModelShape* shape,
+                     int64_t world_size) {
   Session s;
   s.device = select_device(device, local_rank);
   if (local_rank == 0)
@@ -253,7 +261,8 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
         shape ? *shape
               : probe_model_shape(config, registry, s.data, s.device, s.precision.precision);
     if (learned.error.empty())
-      require_fit_by_estimate(config, learned, make_meter(s.device, limit)->capacity_bytes());
+      require_fit_by_estimate(config, learned, make_meter(s.device, limit)->capacity_bytes(),
+                              s.precision.precision, placement_world_size(world_size));
   }
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   build_model(config, registry, s);
@@ -327,11 +336,26 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
                       " must be divisible by train.accumulation_steps x world size (" +
                       std::to_string(config.train.accumulation_steps) + " x " +
                       std::to_string(world_size) + ")");
+  const Precision precision = session.precision.precision;
+  const Estimate one_sample[2] = {estimate_at(config, session, 1, false),
+                                  estimate_at(config, session, 1, true)};
+  // Where the optimizer state lives, by the estimate, before any probe (memory/placement.h):
+  // sharding is the lever after accumulation and checkpointing, so each placement is judged by
+  // the smallest step those leave.
+  const StateShape shape = state_shape(*session.model);
+  const bool can_checkpoint =
+      request.can_checkpoint && (request.strategy == "auto" || request.strategy == "checkpoint");
+  const PlacementChoice placement =
+      place_optimizer(config, shape, one_sample[can_checkpoint ? 1 : 0], precision, world_size,
+                      request.capacity_bytes);
+  if (!placement.note.empty()) spdlog::info("{}", placement.note);
+  const Estimate rank = rank_state(shape, config.optim, precision, placement.placement, world_size);
   MemoryPlan plan;
   bool reuse = saved && saved->capacity_bytes == request.capacity_bytes &&
                saved->global_batch == request.global_batch && saved->world_size == world_size &&
-               saved->micro_batch > 0 &&
-               saved->precision == precision_name(session.precision.precision);
+               saved->micro_batch > 0 && saved->precision == precision_name(precision) &&
+               saved->shard == placement.placement.shard &&
+               saved->offload == placement.placement.offload;
   if (agree.any) reuse = !agree.any(!reuse);
   const auto agreed = [&](Probe p) { return agree.probe ? agree.probe(p) : p; };
   if (reuse) {
@@ -347,10 +371,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
       spdlog::info("world size changed ({} -> {}): planning again, global batch {} kept",
                    saved->world_size, world_size, request.global_batch);
     Prober prober(*session.model, session.data, config.optim, *session.meter,
-                  config.memory.probe_steps, session.device, session.loss,
-                  session.precision.precision);
-    const Estimate one_sample[2] = {estimate_at(config, session, 1, false),
-                                    estimate_at(config, session, 1, true)};
+                  config.memory.probe_steps, session.device, session.loss, precision);
     const int64_t usable = usable_bytes(request);
     const auto train_probe = [&](int64_t m, bool c) {
       // A stop signal ends the planning between probes (every rank at the same probe): before
@@ -359,8 +380,8 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
       if (agree.any ? agree.any(sig != 0) : sig != 0) throw Stopped(sig ? sig : SIGTERM);
       // A step holds at most the training set, as the probe does (a batch beyond it is one
       // step of the whole set an epoch).
-      const Estimate e =
-          one_sample[c ? 1 : 0].at_micro_batch(std::min(m, session.data.train->size()));
+      const Estimate e = one_sample[c ? 1 : 0].with_state(rank).at_micro_batch(
+          std::min(m, session.data.train->size()));
       const std::string what =
           "micro-batch " + std::to_string(m) + (c ? " with activation checkpointing" : "");
       if (exceeds_by_estimate(e, usable)) {
@@ -395,8 +416,12 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
           return c;
         });
   }
-  plan.precision = precision_name(session.precision.precision);
-  const Estimate estimate = estimate_for(config, session, plan);
+  plan.precision = precision_name(precision);
+  plan.shard = placement.placement.shard;
+  plan.offload = placement.placement.offload;
+  plan.shard_reason = placement.reason;
+  plan.host_bytes = placement.smallest.host_bytes;
+  const Estimate estimate = estimate_for(config, session, plan).with_state(rank);
   plan.estimated_peak_bytes = estimate.total();
   plan.estimate = estimate.to_json();
   plan.capacity_bytes = request.capacity_bytes;
@@ -445,6 +470,15 @@ void log_plan(const RunConfig& config, const Session& session, const MemoryPlan&
       plan.micro_batch, plan.accumulation_steps, plan.world_size, plan.global_batch,
       plan.activation_checkpointing ? ", activation checkpointing" : "", plan.eval_batch,
       plan.reason);
+  OptimizerPlacement placement;
+  placement.shard = plan.shard;
+  placement.master_weights =
+      config.optim.master_weights && session.precision.precision != Precision::kFp32;
+  placement.offload = plan.offload;
+  spdlog::info("optimizer placement: {} over {} rank{} ({}){}", placement_name(placement),
+               plan.world_size, plan.world_size == 1 ? "" : "s", plan.shard_reason,
+               plan.offload ? "; " + format_bytes(plan.host_bytes) + " of host memory a rank"
+                            : std::string());
   // The estimate models a training step, so it is compared with the training steps' part.
   const int64_t training = plan.measured.training > 0 ? plan.measured.training : measured;
   const std::string parts = plan.measured.to_string();

@@ -16,6 +16,7 @@
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "memory/peak_probe.h"
+#include "memory/placement.h"
 #include "memory/planner.h"
 #include "train/precision.h"
 
@@ -69,6 +70,7 @@ struct ModelShape {
   /// only when describes_activations (other models' layers are walked with real weights);
   /// otherwise they are 0 and the estimate is the state alone, a lower bound.
   Estimate one_sample, one_sample_checkpointed;
+  StateShape state;   ///< the parameters' shapes, for the per-rank estimate of each placement
   std::string error;  ///< the factory failed without weights; "" otherwise
 };
 /// Builds `config`'s model WithoutWeights in a child process and estimates it for `target` and
@@ -81,11 +83,6 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
 /// The smallest step a plan can choose, by the estimate: micro-batch 1, with activation
 /// checkpointing when the model has segments and memory.strategy allows it.
 Estimate smallest_step(const RunConfig& config, const ModelShape& shape);
-
-/// True when `e` needs more than `usable_bytes` even with its activations 10% lower: the
-/// estimate's activations are within a few percent of the measured ones on the built-in models
-/// (scripts/bench/estimate.sh), so a step refused or left unprobed by it would not have fit.
-bool exceeds_by_estimate(const Estimate& e, int64_t usable_bytes);
 
 /// open_session()'s ConfigError when the run cannot fit the device: the model's weights alone
 /// exceed it (WeightsDoNotFit, found by copying them under the meter), or, before any weight is
@@ -106,9 +103,12 @@ struct RunDoesNotFit : ConfigError {
 /// looks up the loss. Throws ConfigError for a bad device, dataset, model, loss, LoRA target or
 /// freeze pattern. model.init_from is not read here: only a fresh run loads it (the trainer,
 /// after choosing no checkpoint; init_weights.h).
+/// The refusal by the estimate is of the smallest step under the placement chosen for
+/// `world_size` ranks (placement_world_size(): 0 reads WORLD_SIZE), so that a run that fits
+/// only sharded is not refused; an offload the host cannot hold is a ConfigError (exit 2).
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0,
-                     const ModelShape* shape = nullptr);
+                     const ModelShape* shape = nullptr, int64_t world_size = 0);
 
 /// This machine's memory in bytes.
 int64_t physical_memory_bytes();

@@ -37,7 +37,8 @@ bool StepMetrics::continue_interval(const nlohmann::json& state) {
   interval_first_step_ = *since;
   interval_samples_ = *samples;
   interval_loss_ = state["loss_sum"].get<double>();
-  interval_traffic_ = {*syncs, *calls, *bytes};
+  // Absent from a checkpoint of a gpurun before the count: the interval then counts from here.
+  interval_traffic_ = {*syncs, *calls, *bytes, count_in(state, "moved_bytes").value_or(0)};
   return true;
 }
 
@@ -55,6 +56,7 @@ void StepMetrics::add_traffic(const SyncTraffic& traffic) {
   interval_traffic_.gradient_syncs += traffic.gradient_syncs;
   interval_traffic_.all_reduce_calls += traffic.all_reduce_calls;
   interval_traffic_.all_reduce_bytes += traffic.all_reduce_bytes;
+  interval_traffic_.moved_bytes += traffic.moved_bytes;
 }
 
 StepMetrics::Interval StepMetrics::close_interval() {
@@ -84,6 +86,7 @@ nlohmann::json StepMetrics::Interval::event_fields(int world_size) const {
     fields["gradient_syncs_per_step"] = static_cast<double>(traffic.gradient_syncs) / n;
     fields["all_reduce_calls_per_step"] = static_cast<double>(traffic.all_reduce_calls) / n;
     fields["all_reduce_bytes_per_step"] = static_cast<double>(traffic.all_reduce_bytes) / n;
+    fields["moved_bytes_per_step"] = static_cast<double>(traffic.moved_bytes) / n;
   }
   return fields;
 }
@@ -95,7 +98,8 @@ nlohmann::json StepMetrics::interval_state() const {
           {"samples", interval_samples_},
           {"gradient_syncs", interval_traffic_.gradient_syncs},
           {"all_reduce_calls", interval_traffic_.all_reduce_calls},
-          {"all_reduce_bytes", interval_traffic_.all_reduce_bytes}};
+          {"all_reduce_bytes", interval_traffic_.all_reduce_bytes},
+          {"moved_bytes", interval_traffic_.moved_bytes}};
 }
 
 double StepMetrics::eta_seconds() const {

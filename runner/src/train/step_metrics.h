@@ -24,6 +24,9 @@ struct SyncTraffic {
   int64_t gradient_syncs = 0;    ///< sync_gradients() rounds
   int64_t all_reduce_calls = 0;  ///< c10d all-reduce calls they made
   int64_t all_reduce_bytes = 0;  ///< bytes of the tensors they reduced
+  /// Bytes this rank sent by the ring model (CollectiveStats::moved_bytes): the measure on
+  /// which a sharded step and DDP's compare.
+  int64_t moved_bytes = 0;
 };
 
 class StepMetrics {
@@ -40,7 +43,8 @@ class StepMetrics {
 
     /// The step event's fields of it: `loss`, `samples_per_second`, `time` and, in a run of
     /// `world_size` > 1 ranks, `world_size` and the traffic per optimizer step
-    /// (`gradient_syncs_per_step`, `all_reduce_calls_per_step`, `all_reduce_bytes_per_step`).
+    /// (`gradient_syncs_per_step`, `all_reduce_calls_per_step`, `all_reduce_bytes_per_step`,
+    /// `moved_bytes_per_step`).
     nlohmann::json event_fields(int world_size) const;
   };
 

@@ -27,6 +27,8 @@
 #include "memory/planner.h"
 #include "model/fine_tune.h"
 #include "model/plugin_loader.h"
+#include "optim/flat_optimizer.h"
+#include "optim/step_optimizer.h"
 #include "report/reporter.h"
 #include "train/device.h"
 #include "train/immediate_stop.h"
@@ -92,8 +94,10 @@ class Trainer {
       plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
       checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
       log_plan(config_, session_, plan_);
-      params_ = trainable_parameters(*model_);
-      optimizer_ = make_optimizer(config_.optim, params_);
+      optimizer_ = make_step_optimizer(
+          config_.optim, resolve_placement(config_, world_, session_.precision.precision),
+          named_trainable_parameters(*model_), comm_.get(),
+          half_dtype(session_.precision.precision));
       if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
       // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
       if (rank_ > 0) torch::manual_seed(rank_seed());
@@ -103,6 +107,9 @@ class Trainer {
         std::vector<at::Tensor> tensors;
         for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
         comm_->broadcast_tensors(tensors);
+        // A fresh start's master slice takes rank 0's weights too; a resumed one was loaded.
+        if (optimizer_->flat() && !global_step_)
+          optimizer_->flat()->reload_master_from_parameters();
       }
       started_ = true;
       reached_step_ = global_step_;
@@ -210,7 +217,7 @@ class Trainer {
     bool rng_restored = false;
     for (;;) {
       try {
-        rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
+        rng_restored = restore_state(*loaded, *model_, replicated_optimizer(), rank_);
         break;
       } catch (const DamagedCheckpointError& e) {
         loaded = checkpointer_.fall_back(*loaded, e.what());
@@ -328,24 +335,22 @@ class Trainer {
           shrink_after_oom();
           continue;
         }
-        release_gradients();
+        optimizer_->release_gradients();
         out_of_memory = true;
       } catch (const BatchFailed& e) {
         throw BatchFailed("optimizer step " + std::to_string(global_step_ + 1) + " (epoch " +
                           std::to_string(epoch_ + 1) + ", micro-batches of " +
                           std::to_string(plan_.micro_batch) + "): " + e.what());
       }
+      std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
+                                  rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
+                                  out_of_memory ? 1.0 : 0.0};
+      const CollectiveStats before = comm_ ? comm_->stats() : CollectiveStats{};
+      if (comm_) comm_->set_step(global_step_ + 1);
+      // Replicated: the all-reduce into every .grad; flat: the reduce-scatter into this rank's
+      // slice. An inf on any rank reaches every rank's decision, so all skip alike.
+      optimizer_->reduce_gradients(control);
       if (comm_) {
-        std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
-                                    rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
-                                    out_of_memory ? 1.0 : 0.0};
-        comm_->set_step(global_step_ + 1);
-        const CollectiveStats before = comm_->stats();
-        comm_->sync_gradients(params_, control);
-        const CollectiveStats& after = comm_->stats();
-        metrics_.add_traffic({after.gradient_syncs - before.gradient_syncs,
-                              after.all_reduce_calls - before.all_reduce_calls,
-                              after.all_reduce_bytes - before.all_reduce_bytes});
         loss = control[0];
         agreed_stop_ = control[1] > 0;
         agreed_save_ = control[2] > 0;
@@ -354,23 +359,26 @@ class Trainer {
           continue;
         }
       }
-      // After the all-reduce: an inf on any rank is in every rank's sum, so all skip alike.
-      if (scaler_) scaler_->unscale(params_);
-      if (config_.optim.grad_clip > 0) clip_grad_norm(params_, config_.optim.grad_clip);
+      if (scaler_) optimizer_->unscale(*scaler_);
+      if (config_.optim.grad_clip > 0) optimizer_->clip_grad_norm(config_.optim.grad_clip);
       lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
-      set_learning_rate(*optimizer_, lr_);
-      if (scaler_) {
-        if (!scaler_->step(*optimizer_, params_)) ++skipped_steps_;
-        scaler_->update();
-      } else {
-        optimizer_->step();
+      if (!optimizer_->step(lr_, scaler_ ? &*scaler_ : nullptr)) ++skipped_steps_;
+      if (scaler_) scaler_->update();
+      if (comm_) {
+        // The whole step's traffic: a sharded step's all-gather comes after the update.
+        const CollectiveStats& after = comm_->stats();
+        metrics_.add_traffic({1, after.all_reduce_calls - before.all_reduce_calls,
+                              after.all_reduce_bytes - before.all_reduce_bytes,
+                              after.moved_bytes(world_) - before.moved_bytes(world_)});
       }
       return loss;
     }
   }
 
-  void release_gradients() {
-    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  torch::optim::Optimizer& replicated_optimizer() {
+    if (!optimizer_->replicated())
+      throw Error("checkpoints of the flat optimizer's state are not written yet");
+    return *optimizer_->replicated();
   }
 
   /// Test-only (GPURUN_FAULT=hog:after_step:N): holds the capacity the plan left free less
@@ -387,7 +395,7 @@ class Trainer {
 
   void shrink_after_oom() {
     hog_ = at::Tensor();  // a test fault's memory goes with the failure it caused
-    release_gradients();
+    optimizer_->release_gradients();
     MemoryPlan smaller = halve_micro_batch(plan_);
     checkpointer_.keep_host_buffers(smaller.measured.checkpoint_buffers > 0);
     // What the failed attempt cached goes back to the device before the smaller one runs.
@@ -495,7 +503,7 @@ class Trainer {
     // Decodes the model's outputs without the data (e.g. a text model's characters).
     if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
     const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
-    checkpointer_.save(std::move(meta), *model_, *optimizer_);
+    checkpointer_.save(std::move(meta), *model_, replicated_optimizer());
     peaks_.enter(was);
   }
 
@@ -545,9 +553,8 @@ class Trainer {
   double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
   nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
-  std::vector<at::Tensor> params_;
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<StepOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only
   int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
   nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none

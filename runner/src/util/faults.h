@@ -11,7 +11,11 @@
 //             after every file of the checkpoint is written, before the folder is renamed) |
 //             before_latest (same N; after the rename, before LATEST is replaced) |
 //             copy_before_rename, copy_before_latest (the same two moments of the copy of a
-//             checkpoint from checkpoint.local_dir to --ckpt; N = copies started)
+//             checkpoint from checkpoint.local_dir to --ckpt; N = copies started) |
+//             shard_write (a sharded save: every rank, after the first section of its shard
+//             file is written; N = shard writes started by this process) | before_manifest
+//             (a sharded save, rank 0: every file but the manifest is in the temporary
+//             folder; N = saves started, as before_rename's)
 //     N       a count, or * for every occurrence
 //
 // Faults fire only in processes whose GPURUN_RESTART_COUNT is listed in GPURUN_FAULT_RESTART

@@ -1,6 +1,7 @@
 // CheckpointStore and `gpurun ckpt` on real folders in a fresh temporary directory
 // (docs/architecture.md, case 7: a damaged or half-written checkpoint never blocks a resume).
 #include "checkpoint/store.h"
+#include "checkpoint/shard_index.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -444,11 +445,11 @@ TEST_F(CheckpointDir, NewerFormatVersionIsNotComplete) {
   store.save(make_snapshot(0, 1));
   const std::string manifest = path("ckpt-e0000-s0000001/manifest.json");
   json m = json::parse(gpurun::fs::read_file(manifest));
-  m["format_version"] = gpurun::kCheckpointFormatVersion + 1;
+  m["format_version"] = gpurun::kShardedFormatVersion + 1;
   gpurun::fs::write_file(manifest, m.dump());
   const auto info = gpurun::CheckpointView::inspect(path("ckpt-e0000-s0000001"), false);
   EXPECT_FALSE(info.complete);
-  EXPECT_NE(info.problem.find("format_version 3 is newer"), std::string::npos) << info.problem;
+  EXPECT_NE(info.problem.find("format_version 4 is newer"), std::string::npos) << info.problem;
 }
 
 TEST_F(CheckpointDir, CkptListPrintsOneJsonObjectOrATable) {

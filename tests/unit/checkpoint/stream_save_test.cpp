@@ -232,10 +232,12 @@ TEST(StreamedSave, FilesMatchTheirManifestLoadInPythonAndRestoreTheState) {
   for (size_t i = 0; i < in_memory.files.size(); ++i) {
     const auto& [name, bytes] = in_memory.files[i];
     const std::string on_disk = fs::read_file(saved.path + "/" + name);
-    if (name != "trainer.pt")  // the generators' states go to the first build() only
+    if (name != "trainer.pt") {  // the generators' states go to the first build() only
       EXPECT_TRUE(on_disk == bytes) << name << " differs from the in-memory build";
-    if (name != "optim.pt")
+    }
+    if (name != "optim.pt") {
       EXPECT_TRUE(on_disk == captured.files[i].second) << name << " differs from capture_state()";
+    }
     const auto [size, xxh3] = loaded.expected(name);
     EXPECT_EQ(std::make_pair(size, xxh3), xxh3_file(saved.path + "/" + name)) << name;
   }
