@@ -8,7 +8,10 @@
 // holds: images of files, a gathering buffer, the archive writers' tables. The page cache the
 // write fills is the kernel's, not the process's. Median of `saves` saves.
 //
-// Usage: gpurun_bench_checkpoint_memory DIR [SAVES=3]
+// With --in-memory, each file is built into memory first (CheckpointSnapshot::materialize()) and
+// then written, as saves were before they were streamed: the size of what streaming saves.
+//
+// Usage: gpurun_bench_checkpoint_memory DIR [SAVES=3] [--in-memory]
 //   prints "host_bytes_above_buffers N", "copied_bytes N", "file_bytes N", "seconds S"
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   const int saves = argc > 2 ? std::atoi(argv[2]) : 3;
+  const bool in_memory = argc > 3 && std::string(argv[3]) == "--in-memory";
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(784, 4096), torch::nn::ReLU(),
                               torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
@@ -73,7 +77,10 @@ int main(int argc, char** argv) {
     std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS (Linux >= 4.0)
     gpurun::CheckpointSnapshot snapshot;
     snapshot.meta.global_step = i;
-    writer.submit(std::move(snapshot), [&copy](gpurun::CheckpointSnapshot& s) { copy.build(s); });
+    writer.submit(std::move(snapshot), [&copy, in_memory](gpurun::CheckpointSnapshot& s) {
+      copy.build(s);
+      if (in_memory) s.materialize();
+    });
     writer.wait();
     above.push_back(status_bytes("VmHWM") - before);
     for (const gpurun::WriteOutcome& o : writer.finished()) {
