@@ -2,11 +2,14 @@
 # Checkpoint bench, side by side in one run, on a state of about 420 MiB (MLP 784-4096-4096-4096
 # with Adam): the training stall of an asynchronous save against a synchronous save and against
 # a plain memcpy of the same bytes, the stall with a local tier in front of a slow network tier
-# against the stall without, and gpurun's write throughput against `dd conv=fsync` of the same
-# size into the same directory, and gpurun's resume load and write throughput against Python's
-# torch.load and torch.save of the same model.pt. Usage: scripts/bench/checkpoint.sh [DIR]
+# against the stall without; a checkpoint's write end to end (the writer thread's build and
+# write seconds of the `checkpoint` events, the capture excluded) against Python's torch.save
+# plus fsync of the same tensors and against `dd conv=fsync` of the same size into the same
+# directory; the host memory a save holds above its capture buffers
+# (gpurun_bench_checkpoint_memory); and gpurun's resume load against Python's torch.load of the
+# same model.pt. Usage: scripts/bench/checkpoint.sh [DIR]
 # DIR: where checkpoints go (default: a temporary directory; point it at the NAS to measure it).
-# Needs a build (scripts/build.sh).
+# Needs a build (scripts/build.sh, or: ninja -C build gpurun gpurun_bench_checkpoint_memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target=${1:-$(mktemp -d)}
@@ -48,11 +51,19 @@ for _ in 1 2 3; do
   dd_lines+=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)$'\n'
   rm -f "$work/dd.bin"
 done
-"$python" - "$work" "$bytes" "$dd_lines" "$one" <<'PY'
+# The host memory of a save above its capture buffers, in a process of its own (median of 3).
+# The same with each file built in memory first, as saves were before they were streamed.
+memory=$(build/scripts/bench/gpurun_bench_checkpoint_memory "$work/memory" 3)
+rm -rf "$work/memory"
+memory_images=$(build/scripts/bench/gpurun_bench_checkpoint_memory "$work/memory" 3 --in-memory)
+rm -rf "$work/memory"
+"$python" - "$work" "$bytes" "$dd_lines" "$one" "$memory" "$memory_images" <<'PY'
 import json, os, re, statistics, sys, time
 import numpy as np
 import torch
 work, nbytes, dd_lines, one = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+memory, memory_images = (dict(line.split() for line in arg.splitlines() if len(line.split()) == 2)
+                         for arg in sys.argv[5:7])
 def saves(mode):
     return [json.loads(l) for l in open(f"{work}/async-{mode}/metrics.jsonl") if '"event":"checkpoint"' in l]
 a, s, tiered = saves("true"), saves("false"), saves("tiered")
@@ -80,7 +91,7 @@ for line in dd_lines.splitlines():
 dd_bytes_per_s = statistics.median(dd_rates) if dd_rates else None
 print(f"checkpoint size               : {size / 2**20:.1f} MiB ({len(a)} async saves, {len(s)} synchronous)")
 print(f"training stall, async         : {stall_async * 1000:8.1f} ms (median; the copy)")
-print(f"  then on the writer thread   : {build * 1000:8.1f} ms build (digest, pickling), {write * 1000:.1f} ms write")
+print(f"  then on the writer thread   : {build * 1000:8.1f} ms build (digest), {write * 1000:.1f} ms write (serialization streamed to the files)")
 print(f"training stall, synchronous   : {stall_sync * 1000:8.1f} ms (median)")
 print(f"memcpy of {nbytes / 2**20:.0f} MiB            : {memcpy_fresh * 1000:8.1f} ms into a fresh buffer, {memcpy_warm * 1000:.1f} ms into a warm one")
 print(f"ratio stall async/sync        : {stall_async / stall_sync:.3f}   (goal <= 0.05)")
@@ -102,15 +113,42 @@ for resume, cold in zip(resumes, (True, False)):
     print(f"{'gpurun load, ' + where:30}: {resume['bytes'] / load_seconds / 2**20:8.1f} MiB/s ({resume['read_seconds'] * 1000:.0f} ms choosing, {resume['restore_seconds'] * 1000:.0f} ms reading, checking and restoring, {resume['bytes'] / 2**20:.0f} MiB)")
     print(f"{'torch.load, ' + where:30}: {py_bytes / py_load / 2**20:8.1f} MiB/s ({py_load * 1000:.0f} ms, {py_bytes / 2**20:.0f} MiB)")
     print(f"{'ratio load, ' + where:30}: {(resume['bytes'] / load_seconds) / (py_bytes / py_load):.2f}   (goal >= 1.0)")
-state = torch.load(model_pt)
-t0 = time.perf_counter()
-with open(f"{work}/py-save.pt", "wb") as f:
-    torch.save(state, f); f.flush(); os.fsync(f.fileno())
-py_save = time.perf_counter() - t0
-print(f"Python torch.save + fsync     : {py_bytes / py_save / 2**20:8.1f} MiB/s")
-print(f"gpurun write throughput       : {size / write / 2**20:8.1f} MiB/s (median of {len(a) + len(s)} saves; fsync of every file and folder)")
+# The write end to end: the writer thread's build and write, capture excluded. The synchronous
+# saves run with training paused, as torch.save runs here: they give the ratios. The async ones
+# share the cores with training (2 threads), and are printed beside them.
+end_to_end = statistics.median(e["build_seconds"] + e["write_seconds"] for e in s)
+end_to_end_async = statistics.median(e["build_seconds"] + e["write_seconds"] for e in a)
+gpurun_speed = size / end_to_end
+# Python saves the same tensors in three files, each torch.save then fsync: model.pt's state,
+# an Adam state of the same shapes (exp_avg and exp_avg_sq of every tensor, as optim.pt), and
+# trainer.pt's generator state. Median of 3.
+model_state = torch.load(model_pt)
+optim_state = {}
+for k, v in model_state.items():
+    optim_state[k + ".exp_avg"] = v.clone()
+    optim_state[k + ".exp_avg_sq"] = v.clone()
+trainer_state = torch.load(os.path.join(one, "trainer.pt"))
+py_runs = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    py_bytes = 0
+    for name, state in (("model", model_state), ("optim", optim_state), ("trainer", trainer_state)):
+        path = f"{work}/py-{name}.pt"
+        with open(path, "wb") as f:
+            torch.save(state, f); f.flush(); os.fsync(f.fileno())
+        py_bytes += os.path.getsize(path)
+    py_runs.append(time.perf_counter() - t0)
+    for name in ("model", "optim", "trainer"):
+        os.remove(f"{work}/py-{name}.pt")
+py_speed = py_bytes / statistics.median(py_runs)
+print(f"checkpoint write, end to end  : {gpurun_speed / 2**20:8.1f} MiB/s ({end_to_end * 1000:.0f} ms build + write, median of the {len(s)} synchronous saves; fsync of every file and folder)")
+print(f"  beside training (async)     : {size / end_to_end_async / 2**20:8.1f} MiB/s ({end_to_end_async * 1000:.0f} ms, median of {len(a)} saves)")
+print(f"Python torch.save + fsync     : {py_speed / 2**20:8.1f} MiB/s (median of 3; {py_bytes / 2**20:.0f} MiB in 3 files)")
+print(f"ratio write gpurun/torch.save : {gpurun_speed / py_speed:.2f}   (goal >= 1.0)")
 if dd_bytes_per_s:
     print(f"dd conv=fsync throughput      : {dd_bytes_per_s / 2**20:8.1f} MiB/s (median of {len(dd_rates)})")
-    print(f"ratio write gpurun/dd         : {(size / write) / dd_bytes_per_s:.2f}   (goal >= 0.8)")
-print(f"ratio write gpurun/torch.save : {(size / write) / (py_bytes / py_save):.2f}")
+    print(f"ratio write gpurun/dd         : {gpurun_speed / dd_bytes_per_s:.2f}   (goal >= 0.8)")
+above = int(memory["host_bytes_above_buffers"])
+print(f"host memory above the buffers : {above / 2**20:8.1f} MiB (peak RSS of a save above the {int(memory['copied_bytes']) / 2**20:.0f} MiB copy, median of 3; {float(memory['seconds']) * 1000:.0f} ms)   (goal <= 64 MiB)")
+print(f"  files built in memory first : {int(memory_images['host_bytes_above_buffers']) / 2**20:8.1f} MiB ({float(memory_images['seconds']) * 1000:.0f} ms; how saves were before they were streamed)")
 PY

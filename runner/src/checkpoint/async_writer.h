@@ -1,8 +1,8 @@
 // Asynchronous checkpoint writes: the trainer copies its state to host memory at a step
-// boundary (the stall) and a background thread builds the files from that copy (digest,
-// pickling, the optimizer's archive) and writes them to the (possibly slow, network)
-// checkpoint directory while training goes on. At most one write is in flight: a new save
-// first waits for the previous one, and that wait counts as stall.
+// boundary (the stall) and a background thread builds the checkpoint from that copy (the
+// digest, the files' sources) and streams the files to the (possibly slow, network) checkpoint
+// directory, serializing them as they are written, while training goes on. At most one write
+// is in flight: a new save first waits for the previous one, and that wait counts as stall.
 #pragma once
 
 #include <condition_variable>
@@ -23,7 +23,7 @@ struct WriteOutcome {
   std::optional<SaveResult> result;  ///< set when the write succeeded
   std::string error;                 ///< what failed otherwise (IoError's message)
   int error_number = 0;              ///< its errno
-  double build_seconds = 0;          ///< the Builder's time (digest, pickling), before the write
+  double build_seconds = 0;          ///< the Builder's time (the digest), before the write
   double queued_seconds = 0;         ///< from submit() to the end of the write
 };
 

@@ -41,6 +41,23 @@ struct FileEntry {
 /// entry without an integer `bytes` and a string `xxh3`.
 std::string parse_entry(const std::string& name, const nlohmann::json& entry, FileEntry& out);
 
+/// The files of a snapshot as a save writes them: each name with the source of its bytes.
+using FileSources = std::vector<std::pair<std::string, ByteSource>>;
+
+/// Every file of `snapshot` (`files`, then `streamed`) with its source. Throws
+/// std::invalid_argument, before anything is written, for a name that is not one plain path
+/// component, the manifest's own, a duplicate, or one of `taken`'s (a sharded save's shards).
+FileSources file_sources(const CheckpointSnapshot& snapshot,
+                         const nlohmann::json& taken = nlohmann::json::object());
+
+/// The manifest's entries, {name: {bytes, xxh3}}, of `sources` run without writing anything.
+nlohmann::json hash_sources(const FileSources& sources);
+
+/// Streams each source into DIR/name (fs::write_streamed(): no image of the file, one fsync),
+/// its xxh3 computed as the bytes pass, and adds its entry to `files`. Returns the bytes
+/// written. Throws IoError.
+int64_t write_sources(const std::string& dir, const FileSources& sources, nlohmann::json& files);
+
 /// How much of a checkpoint examine() checks: the files' sizes, or their xxh3 too.
 enum class Check { kSizes, kChecksums };
 

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <string_view>
 #include <unordered_map>
 
@@ -417,7 +419,30 @@ std::string without_ordered_dicts(const std::string& pkl) {
 
 }  // namespace
 
-std::string pickle_tensors(const NamedTensors& tensors) {
+void write_archive(
+    const ByteSink& out,
+    const std::function<void(const ArchiveWriterFunction& writer, const bool& failed)>& write) {
+  // LibTorch calls the writer function from inside miniz (C), and a PyTorchStreamWriter that
+  // once saw a short write throws again from its destructor (its writeEndOfFile), which
+  // std::terminate()s an unwinding process. So the writer never learns of the failure: the rest
+  // of the archive is discarded, and the sink's exception rethrown once the writer is done.
+  std::exception_ptr error;
+  bool failed = false;
+  const ArchiveWriterFunction writer = [&](const void* data, size_t size) -> size_t {
+    if (failed) return size;
+    try {
+      out(static_cast<const char*>(data), size);
+    } catch (...) {
+      error = std::current_exception();
+      failed = true;
+    }
+    return size;
+  };
+  write(writer, failed);
+  if (failed) std::rethrow_exception(error);
+}
+
+void pickle_tensors(const NamedTensors& tensors, const ByteSink& out) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : tensors) dict.insert(name, tensor);
   // torch::jit::pickle_save() with one difference: no type tags. A tagged dict is pickled as a
@@ -431,14 +456,25 @@ std::string pickle_tensors(const NamedTensors& tensors) {
   pickler.protocol();
   pickler.pushIValue(c10::IValue(dict));
   pickler.stop();
-  std::string archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.append(static_cast<const char*>(data), size);
-    return size;
+  write_archive(out, [&](const ArchiveWriterFunction& writer, const bool& failed) {
+    caffe2::serialize::PyTorchStreamWriter archive(writer);
+    // torch::jit::writeArchiveAndTensors(), but for the stop after a failed write: the records
+    // data/0, data/1, ... each written from the tensor's own storage
+    // (getWriteableTensorData() copies only a device's tensor), then data.pkl.
+    size_t i = 0;
+    for (const at::Tensor& tensor : pickler.tensorData()) {
+      if (failed) break;
+      const torch::jit::WriteableTensorData record = torch::jit::getWriteableTensorData(tensor);
+      archive.writeRecord("data/" + std::to_string(i++), record.data(), record.sizeInBytes());
+    }
+    if (!failed) archive.writeRecord("data.pkl", pickled.data(), pickled.size());
+    archive.writeEndOfFile();
   });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
+}
+
+std::string pickle_tensors(const NamedTensors& tensors) {
+  std::string archive;
+  pickle_tensors(tensors, [&](const char* data, size_t size) { archive.append(data, size); });
   return archive;
 }
 

@@ -3,6 +3,7 @@
 // code, so that the pickle fuzz target (tests/fuzz) compiles only this parser.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,13 +12,32 @@
 #include <ATen/core/Tensor.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
+#include "util/byte_sink.h"
+
 namespace gpurun {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 /// Pickles `tensors` as a dict (insertion order kept), the format torch.save writes and
-/// torch.load reads.
+/// torch.load reads, into `out` as it goes: the zip archive's headers and directory and the
+/// pickle in small pieces, each tensor's record in one piece straight from the tensor's memory
+/// (so nothing of the size of the file is held). The tensors must be on the CPU. Rethrows what
+/// `out` throws.
+void pickle_tensors(const NamedTensors& tensors, const ByteSink& out);
+
+/// pickle_tensors() into bytes in memory.
 std::string pickle_tensors(const NamedTensors& tensors);
+
+/// LibTorch's archive writers (caffe2::serialize::PyTorchStreamWriter, and what builds on it:
+/// torch::serialize::OutputArchive::save_to) take a writer function; the one given to `write`
+/// passes every piece to `out`. Once `out` throws (an IoError of the file), `failed` turns
+/// true and the rest of the archive is discarded (`write` may stop early, between records);
+/// then that exception is rethrown as it is. LibTorch never sees the failure: its writer would
+/// throw again from its destructor and end the process.
+using ArchiveWriterFunction = std::function<size_t(const void* data, size_t bytes)>;
+void write_archive(
+    const ByteSink& out,
+    const std::function<void(const ArchiveWriterFunction& writer, const bool& failed)>& write);
 
 /// Inverse of pickle_tensors. Throws DamagedCheckpointError, naming `what` (the file), for bytes
 /// that are not such a dict: not a zip archive, no data.pkl, a broken pickle, or a dict whose

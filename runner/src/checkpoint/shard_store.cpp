@@ -25,17 +25,17 @@ std::string CheckpointStore::shard_folder(const std::string& name) {
 }
 
 SaveResult CheckpointStore::save_sharded(const CheckpointSnapshot& snapshot) {
-  nlohmann::json files = snapshot.shard_files;
-  for (const auto& [name, bytes] : snapshot.files) {
-    if (!is_plain_name(name) || name == kManifest || files.contains(name))
-      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
-    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
-  }
+  const FileSources sources = file_sources(snapshot, snapshot.shard_files);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
   const int64_t attempt = ++saves_;
+  const auto all_files = [&] {
+    nlohmann::json files = snapshot.shard_files;
+    files.update(hash_sources(sources));
+    return files;
+  };
   SaveResult result;
   try {
-    result = commit(name, files, {"before_rename", "before_latest", attempt},
+    result = commit(name, all_files, {"before_rename", "before_latest", attempt},
                     [&](const std::string& tmp) {
                       int64_t bytes = 0;
                       // The shards are written and fsynced by their ranks: a rename within
@@ -44,10 +44,9 @@ SaveResult CheckpointStore::save_sharded(const CheckpointSnapshot& snapshot) {
                         fs::rename_durable(join(snapshot.shard_folder, shard), join(tmp, shard));
                         bytes += entry.at("bytes").get<int64_t>();
                       }
-                      for (const auto& [file_name, data] : snapshot.files) {
-                        fs::write_file(join(tmp, file_name), data);
-                        bytes += static_cast<int64_t>(data.size());
-                      }
+                      // The other files streamed beside them, hashed as they pass.
+                      nlohmann::json files = snapshot.shard_files;
+                      bytes += write_sources(tmp, sources, files);
                       fault_point("before_manifest", attempt);
                       fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
                       return bytes;

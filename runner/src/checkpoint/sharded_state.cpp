@@ -279,6 +279,7 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model, StepOptimizer& 
   CheckpointSnapshot snapshot;
   snapshot.meta = std::move(meta);
   copy.build(snapshot);
+  snapshot.materialize();  // in memory, as the unsharded capture_state()'s
   snapshot.meta.sharded_optimizer = shard.index().to_json();
   snapshot.files.emplace_back(shard.file_name(), shard.bytes());
   return snapshot;

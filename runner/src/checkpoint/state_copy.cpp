@@ -7,8 +7,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/output-archive.h>
 
+#include <memory>
 #include <optional>
-#include <sstream>
 
 #include "checkpoint/train_state.h"
 #include "gpurun/errors.h"
@@ -168,16 +168,29 @@ void HostStateCopy::build(CheckpointSnapshot& snapshot) {
   snapshot.meta.model_digest = state_digest(weights_);
   snapshot.meta.threads = threads_;
   snapshot.meta.cpu_capability = cpu_capability();
-  snapshot.files.clear();
-  snapshot.files.emplace_back("model.pt", pickle_tensors(weights_));
+  // The optimizer's archive (none for a sharded copy) refers to the host copy's tensors;
+  // nothing is serialized yet.
+  std::shared_ptr<torch::serialize::OutputArchive> optim;
   if (optimizer_) {
-    std::ostringstream optim;
-    torch::serialize::OutputArchive archive;
-    optimizer_->host->save(archive);
-    archive.save_to(optim);
-    snapshot.files.emplace_back("optim.pt", optim.str());
+    optim = std::make_shared<torch::serialize::OutputArchive>();
+    optimizer_->host->save(*optim);
   }
-  snapshot.files.emplace_back("trainer.pt", pickle_tensors(rng_));
+  // Each file is serialized as the store writes it, every tensor's bytes straight from its
+  // buffer. The sources hold the buffers (tensors share their storage) until the snapshot is
+  // destroyed after the write, so that release() below leaves them to it.
+  snapshot.files.clear();
+  snapshot.streamed.clear();
+  snapshot.streamed.emplace_back(
+      "model.pt", [weights = weights_](const ByteSink& out) { pickle_tensors(weights, out); });
+  if (optim) {
+    snapshot.streamed.emplace_back("optim.pt", [optim](const ByteSink& out) {
+      write_archive(out, [&](const ArchiveWriterFunction& writer, const bool& /*failed*/) {
+        optim->save_to(writer);
+      });
+    });
+  }
+  snapshot.streamed.emplace_back(
+      "trainer.pt", [rng = std::move(rng_)](const ByteSink& out) { pickle_tensors(rng, out); });
   rng_.clear();
   // A CPU run's buffers are its device memory: they stay only where the plan counts them.
   if (!on_device_ && !keep_) release();

@@ -45,8 +45,12 @@ class HostStateCopy {
   /// optim.pt (every rank writes its optimizer state as a shard file: shard_files.h).
   void copy(const torch::nn::Module& model, NamedTensors rng_states);
 
-  /// Fills `snapshot`'s files (model.pt, optim.pt unless a sharded copy, trainer.pt) and
-  /// meta.model_digest, meta.threads and meta.cpu_capability from the last copy(). Any thread.
+  /// Fills meta.model_digest, meta.threads and meta.cpu_capability of `snapshot` from the last
+  /// copy(), and its streamed files (model.pt, optim.pt unless a sharded copy, trainer.pt):
+  /// sources that serialize each file as the store writes it, every tensor's bytes straight
+  /// from its host buffer (no image of a file in memory). The sources share the buffers: the
+  /// next copy() must wait until the snapshot is written and destroyed (a reused buffer would
+  /// change under a write). Any thread.
   void build(CheckpointSnapshot& snapshot);
 
   /// Whether a CPU run's buffers stay from save to save (a save into memory that is already

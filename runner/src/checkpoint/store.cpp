@@ -30,25 +30,9 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using json = nlohmann::json;
-using Files = std::vector<std::pair<std::string, std::string>>;
 using namespace checkpoint_folder;
 
 std::string pid_string() { return std::to_string(::getpid()); }
-
-// The files table of a new checkpoint's manifest: {name: {bytes, xxh3}}. Throws
-// std::invalid_argument for a file name that is not one plain path component, the manifest's
-// own name, or a duplicate.
-json hash_files(const Files& snapshot_files) {
-  std::set<std::string> seen;
-  json files = json::object();
-  for (const auto& [name, bytes] : snapshot_files) {
-    if (!is_plain_name(name) || name == kManifest || !seen.insert(name).second) {
-      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
-    }
-    files[name] = {{"bytes", static_cast<int64_t>(bytes.size())}, {"xxh3", xxh3_hex(bytes)}};
-  }
-  return files;
-}
 
 // Renames DIR/NAME out of the way (to a .tmp-del-* name that readers ignore and
 // clean_temporaries() removes) and then deletes it, so that a crash mid-delete never leaves a
@@ -73,6 +57,53 @@ std::string set_aside(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
+namespace checkpoint_folder {
+
+FileSources file_sources(const CheckpointSnapshot& snapshot, const json& taken) {
+  FileSources sources;
+  for (const auto& [name, bytes] : snapshot.files)
+    sources.emplace_back(
+        name, [&bytes = bytes](const ByteSink& out) { out(bytes.data(), bytes.size()); });
+  for (const auto& [name, source] : snapshot.streamed) sources.emplace_back(name, source);
+  std::set<std::string> seen;
+  for (const auto& [name, source] : sources) {
+    if (!is_plain_name(name) || name == kManifest || taken.contains(name) ||
+        !seen.insert(name).second) {
+      throw std::invalid_argument("bad or duplicate checkpoint file name '" + name + "'");
+    }
+  }
+  return sources;
+}
+
+json hash_sources(const FileSources& sources) {
+  json files = json::object();
+  for (const auto& [name, source] : sources) {
+    Xxh3 hash;
+    int64_t bytes = 0;
+    source([&](const char* data, size_t size) {
+      hash.update(data, size);
+      bytes += static_cast<int64_t>(size);
+    });
+    files[name] = {{"bytes", bytes}, {"xxh3", hash.hex()}};
+  }
+  return files;
+}
+
+int64_t write_sources(const std::string& dir, const FileSources& sources, json& files) {
+  int64_t bytes = 0;
+  for (const auto& [name, source] : sources) {
+    std::optional<Xxh3> hash;  // started over when a transient error makes the write retry
+    const int64_t n = fs::write_streamed(
+        join(dir, name), source, [&](const char* data, size_t size) { hash->update(data, size); },
+        [&] { hash.emplace(); });
+    files[name] = {{"bytes", n}, {"xxh3", hash->hex()}};
+    bytes += n;
+  }
+  return bytes;
+}
+
+}  // namespace checkpoint_folder
+
 CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last), view_(dir_, ReadErrors::kThrow) {
   if (keep_last_ < 1) {
@@ -83,18 +114,27 @@ CheckpointStore::CheckpointStore(std::string dir, int64_t keep_last)
 
 SaveResult CheckpointStore::save(const CheckpointSnapshot& snapshot) {
   if (!snapshot.shard_folder.empty()) return save_sharded(snapshot);
-  const json files = hash_files(snapshot.files);
+  const FileSources sources = file_sources(snapshot);
   const std::string name = checkpoint_name(snapshot.meta.epoch, snapshot.meta.global_step);
-  return commit(name, files, {"before_rename", "before_latest", ++saves_},
-                [&](const std::string& tmp) {
-                  int64_t bytes = 0;
-                  for (const auto& [file_name, data] : snapshot.files) {
-                    fs::write_file(join(tmp, file_name), data);
-                    bytes += static_cast<int64_t>(data.size());
-                  }
-                  fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
-                  return bytes;
-                });
+  return commit(
+      name, [&] { return hash_sources(sources); }, {"before_rename", "before_latest", ++saves_},
+      [&](const std::string& tmp) {
+        // Each file streamed from its source to the disk, its xxh3 computed as the bytes pass:
+        // the manifest needs no second read.
+        json files = json::object();
+        const int64_t bytes = write_sources(tmp, sources, files);
+        fs::write_file(join(tmp, kManifest), manifest_text(snapshot.meta, files));
+        return bytes;
+      });
+}
+
+void CheckpointSnapshot::materialize() {
+  for (auto& [name, source] : streamed) {
+    std::string bytes;
+    source([&](const char* data, size_t size) { bytes.append(data, size); });
+    files.emplace_back(std::move(name), std::move(bytes));
+  }
+  streamed.clear();
 }
 
 SaveResult CheckpointStore::copy_from(const std::string& folder,
@@ -110,37 +150,38 @@ SaveResult CheckpointStore::copy_from(const std::string& folder,
                       (problem.empty() ? "not a checkpoint folder name" : problem));
   }
   const json& files = source.manifest.at("files");
-  return commit(source.name, files, {"copy_before_rename", "copy_before_latest", ++copies_},
-                [&](const std::string& tmp) {
-                  int64_t bytes = 0;
-                  for (const auto& [file_name, entry] : files.items()) {
-                    FileEntry want;
-                    if (std::string bad = parse_entry(file_name, entry, want); !bad.empty())
-                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + bad);
-                    // Checked as the bytes pass, so the copy reads the source once and never
-                    // spreads a file damaged since it was written.
-                    std::optional<Xxh3> hash;
-                    const int64_t n = fs::with_retries([&] {
-                      hash.emplace();
-                      return fs::copy_file(join(folder, file_name), join(tmp, file_name),
-                                           [&](const char* data, size_t size) {
-                                             hash->update(data, size);
-                                             if (between_chunks) between_chunks();
-                                           });
-                    });
-                    if (n != want.bytes || hash->hex() != want.xxh3) {
-                      throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
-                                        " does not match its manifest (" + std::to_string(n) +
-                                        " bytes, xxh3 " + hash->hex() + ")");
-                    }
-                    bytes += n;
-                  }
-                  fs::write_file(join(tmp, kManifest), manifest_bytes);
-                  return bytes;
-                });
+  return commit(
+      source.name, [&] { return files; }, {"copy_before_rename", "copy_before_latest", ++copies_},
+      [&](const std::string& tmp) {
+        int64_t bytes = 0;
+        for (const auto& [file_name, entry] : files.items()) {
+          FileEntry want;
+          if (std::string bad = parse_entry(file_name, entry, want); !bad.empty())
+            throw ResumeError("checkpoint " + folder + " cannot be copied: " + bad);
+          // Checked as the bytes pass, so the copy reads the source once and never
+          // spreads a file damaged since it was written.
+          std::optional<Xxh3> hash;
+          const int64_t n = fs::with_retries([&] {
+            hash.emplace();
+            return fs::copy_file(join(folder, file_name), join(tmp, file_name),
+                                 [&](const char* data, size_t size) {
+                                   hash->update(data, size);
+                                   if (between_chunks) between_chunks();
+                                 });
+          });
+          if (n != want.bytes || hash->hex() != want.xxh3) {
+            throw ResumeError("checkpoint " + folder + " cannot be copied: " + file_name +
+                              " does not match its manifest (" + std::to_string(n) +
+                              " bytes, xxh3 " + hash->hex() + ")");
+          }
+          bytes += n;
+        }
+        fs::write_file(join(tmp, kManifest), manifest_bytes);
+        return bytes;
+      });
 }
 
-SaveResult CheckpointStore::commit(const std::string& name, const json& files,
+SaveResult CheckpointStore::commit(const std::string& name, const FilesTable& files,
                                    const FaultPoints& faults,
                                    const std::function<int64_t(const std::string&)>& fill) {
   const auto start = std::chrono::steady_clock::now();
@@ -162,7 +203,7 @@ SaveResult CheckpointStore::commit(const std::string& name, const json& files,
   return result;
 }
 
-int64_t CheckpointStore::write_folder(const std::string& name, const json& files,
+int64_t CheckpointStore::write_folder(const std::string& name, const FilesTable& files,
                                       const FaultPoints& faults,
                                       const std::function<int64_t(const std::string&)>& fill) {
   const std::string final_path = join(dir_, name);
@@ -173,7 +214,7 @@ int64_t CheckpointStore::write_folder(const std::string& name, const json& files
   if (fs::exists(final_path)) {
     const CheckpointInfo existing = examine(final_path, Check::kChecksums, ReadErrors::kThrow);
     if (existing.complete) {
-      if (existing.manifest.at("files") == files) {
+      if (existing.manifest.at("files") == files()) {
         spdlog::info("checkpoint {} already exists with the same files; keeping it", final_path);
       } else {
         spdlog::warn(

@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/byte_sink.h"
+
 namespace gpurun {
 
 /// Version of the checkpoint layout and manifest; bumped on incompatible change.
@@ -48,16 +50,25 @@ struct CheckpointMeta {
   nlohmann::json sharded_optimizer;
 };
 
-/// One checkpoint to be written: its metadata and its files' bytes, already in host memory
-/// (so the writer may run on a background thread while training goes on).
+/// One checkpoint to be written: its metadata and its files, each either bytes in host memory
+/// or a source that generates them as they are written (HostStateCopy::build(): the archive's
+/// small parts, and every tensor's bytes straight from the host copy), so that the writer may
+/// run on a background thread while training goes on, holding no image of a file.
 struct CheckpointSnapshot {
   CheckpointMeta meta;
   std::vector<std::pair<std::string, std::string>> files;  ///< file name -> bytes
+  /// file name -> its bytes' source, written after `files`; it may be run more than once (a
+  /// write retried after a transient storage error), and must give the same bytes each time.
+  std::vector<std::pair<std::string, ByteSource>> streamed;
+
   /// A sharded save: the temporary folder (CheckpointStore::shard_folder()) where every rank
   /// wrote its shard file, and those files' manifest entries ({name: {bytes, xxh3}}). The save
-  /// moves them into the checkpoint beside `files` (checkpoint/shard_store.cpp).
+  /// moves them into the checkpoint beside `files` and `streamed` (checkpoint/shard_store.cpp).
   std::string shard_folder;
   nlohmann::json shard_files = nlohmann::json::object();
+
+  /// Moves every streamed file into `files` (runs its source into memory).
+  void materialize();
 };
 
 /// A checkpoint found on disk.
@@ -317,14 +328,17 @@ class CheckpointStore {
   /// into the checkpoint's temporary folder, the other files written beside them, the manifest
   /// last (fault point "before_manifest" just before it).
   SaveResult save_sharded(const CheckpointSnapshot& snapshot);
+  /// The manifest's files table of what is being written, called only when a complete
+  /// checkpoint of that name exists already (to say whether it holds the same bytes).
+  using FilesTable = std::function<nlohmann::json()>;
   /// write_folder(), then LATEST and retention.
-  SaveResult commit(const std::string& name, const nlohmann::json& files, const FaultPoints& faults,
+  SaveResult commit(const std::string& name, const FilesTable& files, const FaultPoints& faults,
                     const Fill& fill);
   /// Makes DIR/name complete: `fill` writes every file, manifest.json last, into a temporary
   /// folder and returns the data bytes; then the folder's fsync and the rename. A complete
   /// checkpoint of that name is kept instead (its bytes returned). Returns the bytes on disk.
-  int64_t write_folder(const std::string& name, const nlohmann::json& files,
-                       const FaultPoints& faults, const Fill& fill);
+  int64_t write_folder(const std::string& name, const FilesTable& files, const FaultPoints& faults,
+                       const Fill& fill);
   /// Deletes the complete checkpoints beyond keep_last and the incomplete ones older than the
   /// newest complete one, never `just_written`; logs failures. Returns the names removed.
   std::vector<std::string> apply_retention(const std::string& just_written);

@@ -125,6 +125,7 @@ CheckpointSnapshot capture_state(const torch::nn::Module& model,
   CheckpointSnapshot snapshot;
   snapshot.meta = std::move(meta);
   copy.build(snapshot);
+  snapshot.materialize();  // in memory: the copy ends here
   return snapshot;
 }
 

@@ -35,8 +35,9 @@ NamedTensors trainer_rng_states(const torch::nn::Module& model,
 
 /// A checkpoint of `model`, `optimizer` and trainer_rng_states() in one call on this thread
 /// (HostStateCopy's copy() then build()); `meta` gets the model digest, thread count and CPU
-/// capability filled in; `copied_bytes`, when given, the bytes of tensor data copied. The
-/// memory probe and tests take it; the trainer's saves split it.
+/// capability filled in; `copied_bytes`, when given, the bytes of tensor data copied. Its files
+/// are bytes in memory (CheckpointSnapshot::materialize(): nothing is left streamed). The
+/// memory probe and tests take it; the trainer's saves split it and stream the files.
 CheckpointSnapshot capture_state(const torch::nn::Module& model,
                                  const torch::optim::Optimizer& optimizer, CheckpointMeta meta,
                                  const std::vector<NamedTensors>& rank_rng_states = {},

@@ -113,13 +113,61 @@ std::string parent_dir(const std::string& path) {
   return parent.empty() ? "." : parent;
 }
 
-void write_file_once(const std::string& path, const std::string& data) {
+// The pieces of a stream, written in file order: small ones gathered into a buffer of kGather
+// bytes (a zip archive's headers arrive tens of bytes at a time), large ones written from the
+// producer's own memory in StreamingWrite's chunks, each seen by `observe` just before it is
+// written, while it is in the cache.
+class GatheringWrite {
+ public:
+  static constexpr size_t kGather = size_t{1} << 20;
+  GatheringWrite(StreamingWrite& out, const ChunkObserver& observe)
+      : out_(out), observe_(observe) {}
+  void put(const char* p, size_t n) {
+    if (n == 0) return;
+    if (used_ + n <= kGather && buffer_) {
+      std::memcpy(buffer_.get() + used_, p, n);
+      used_ += n;
+      return;
+    }
+    flush();
+    if (n < kGather) {
+      if (!buffer_) buffer_.reset(new char[kGather]);
+      std::memcpy(buffer_.get(), p, n);
+      used_ = n;
+      return;
+    }
+    for (size_t at = 0; at < n; at += StreamingWrite::kChunk)
+      write(p + at, std::min(StreamingWrite::kChunk, n - at));
+  }
+  void flush() {
+    if (used_ > 0) write(buffer_.get(), used_);
+    used_ = 0;
+  }
+  int64_t written() const { return written_; }
+
+ private:
+  void write(const char* p, size_t n) {
+    if (observe_) observe_(p, n);
+    out_.write(p, n);
+    written_ += static_cast<int64_t>(n);
+  }
+  StreamingWrite& out_;
+  const ChunkObserver& observe_;
+  std::unique_ptr<char[]> buffer_;  ///< allocated at the first small piece (not zeroed)
+  size_t used_ = 0;
+  int64_t written_ = 0;
+};
+
+int64_t write_streamed_once(const std::string& path, const ByteSource& produce,
+                            const ChunkObserver& observe) {
   UniqueFd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
   StreamingWrite out(fd.get(), path);
-  for (size_t at = 0; at < data.size(); at += StreamingWrite::kChunk)
-    out.write(data.data() + at, std::min(StreamingWrite::kChunk, data.size() - at));
+  GatheringWrite gather(out, observe);
+  produce([&](const char* p, size_t n) { gather.put(p, n); });
+  gather.flush();
   fd.fsync();
   fd.close();
+  return gather.written();
 }
 
 std::string read_file_once(const std::string& path, const ChunkObserver& observe = {}) {
@@ -175,9 +223,17 @@ bool is_transient(int err) noexcept {
 }
 
 void write_file(const std::string& path, const std::string& data) {
+  write_streamed(path, [&](const ByteSink& out) { out(data.data(), data.size()); });
+}
+
+int64_t write_streamed(const std::string& path, const ByteSource& produce,
+                       const ChunkObserver& observe, const std::function<void()>& reset) {
   // O_TRUNC makes the whole sequence idempotent, so it is retried as one unit. fsync alone is
   // never retried: after a failed fsync Linux may drop the dirty pages and report success.
-  with_retries([&] { write_file_once(path, data); });
+  return with_retries([&] {
+    if (reset) reset();
+    return write_streamed_once(path, produce, observe);
+  });
 }
 
 void replace_file(const std::string& path, const std::string& data) {

@@ -13,7 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "util/byte_sink.h"
+
 namespace gpurun::fs {
+
+/// Sees each chunk of a copy or a write as it passes: a checksum, a progress bar.
+using ChunkObserver = ByteSink;
 
 /// Writes `data` to `path` (created or truncated), then fsyncs it. Throws IoError.
 void write_file(const std::string& path, const std::string& data);
@@ -22,15 +27,23 @@ void write_file(const std::string& path, const std::string& data);
 /// fsyncs the directory: readers see the old or the new content. Throws IoError.
 void replace_file(const std::string& path, const std::string& data);
 
+/// Writes the file `path` (created or truncated) as `produce` generates it, then fsyncs it once,
+/// holding no image of the file: small pieces (a zip's headers, a pickle) are gathered into
+/// writes of up to 1 MiB, large ones (a tensor's bytes) are written straight from the caller's
+/// memory in sequential 8 MiB writes handed to writeback as they go. `observe`, when given, sees
+/// every byte in file order just before it is written (a checksum while the bytes are hot in the
+/// cache). Retried as write_file() on a transient error: `reset`, when given, is called before
+/// every attempt (the observer starts over), and `produce` runs again. Returns the file's size.
+/// Throws IoError; what `produce` throws is rethrown as it is.
+int64_t write_streamed(const std::string& path, const ByteSource& produce,
+                       const ChunkObserver& observe = {}, const std::function<void()>& reset = {});
+
 /// Appends `data` to `path` (created when missing) in a single write(2), then fsyncs: a reader
 /// sees all of it or, after a crash, a cut tail. Throws IoError (a short write: ENOSPC).
 void append_bytes(const std::string& path, const std::string& data);
 
 /// append_bytes(path, line + '\n').
 void append_line(const std::string& path, const std::string& line);
-
-/// Sees each chunk of a copy as it passes: a checksum, a progress bar.
-using ChunkObserver = std::function<void(const char* data, size_t bytes)>;
 
 /// Copies `from` to `to` (created or truncated) with 8 MiB sequential reads and writes, then
 /// fsyncs `to`; `observe`, when given, sees every chunk in order. Returns the bytes copied.
