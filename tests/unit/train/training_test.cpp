@@ -211,6 +211,7 @@ TEST(State, FilesBuiltAfterTrainingWentOnHoldTheStateOfTheCopysStep) {
   const std::string after_three = model_digest(*model);
   CheckpointSnapshot built;
   copy.build(built);
+  built.materialize();  // build() gives streamed sources; capture_state() materializes its own
 
   EXPECT_EQ(built.meta.model_digest, reference.meta.model_digest);
   EXPECT_NE(built.meta.model_digest, after_three);
