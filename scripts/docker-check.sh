@@ -15,29 +15,28 @@
 #   5  unit tests          `ctest -L unit` in the image of the build tree (target `test`)
 #   6  nothing of here     no pip configuration, no machine certificate in the images
 #
-# Usage: scripts/docker-check.sh [--if-podman] [--no-ccache] [--dir DIR]
+# Usage: scripts/docker-check.sh [--if-podman] [--dir DIR]
 #   --if-podman  exit 77 (skipped) with a message when podman is not installed (the ctest `docker`)
-#   --no-ccache  build without the compiler cache (by default a host folder, GPURUN_IMAGE_CCACHE or
-#                ~/.cache/gpurun/image-ccache, is mounted into the build; the image is the same)
 #   --dir DIR    where the logs and the runs' checkpoint folders go (default
 #                /var/tmp/gpurun-docker-check; emptied at the start, kept at the end)
+# The build's compiler cache is the Dockerfile's cache mount, which buildah keeps in
+# /var/tmp/buildah-cache/var/cache/gpurun-ccache: remove that folder for a cold build.
 #
 # Written for this project's development machines (Debian 12, root, hybrid cgroups, no image
 # registry): the runtime is runc (crun refuses hybrid cgroups), podman's default ulimits are
 # dropped through a containers.conf of this script's own (CONTAINERS_CONF: the runtimes may not
 # raise RLIMIT_NOFILE here), and the build runs with --network host. When this machine's pip has
-# a configuration (`pip config list`), it and the CA bundle it names are mounted read-only into
-# the build under /run/pip-build/ for that build alone; neither enters the image (step 6 checks).
+# a configuration (`pip config list`), it and the CA bundle it names are given to the build as
+# secrets, which the one step that runs pip mounts read-only under /run/pip-build/ for that step
+# alone; neither enters an image (step 6 checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if_podman=0
-use_ccache=1
 dir=/var/tmp/gpurun-docker-check
 while [ $# -gt 0 ]; do
   case $1 in
     --if-podman) if_podman=1 ;;
-    --no-ccache) use_ccache=0 ;;
     --dir) dir=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d;s/^# \{0,1\}//'; exit 0 ;;
     *) echo "docker-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -181,8 +180,8 @@ else
 fi
 
 # This machine's pip configuration, for the build alone: `pip config list` as one file of our own
-# (every entry but the certificate), and the CA bundle it names, mounted read-only.
-mounts=()
+# (every entry but the certificate), and the CA bundle it names, as the build's secrets.
+secrets=()
 if python3 -m pip config list >"$dir/conf/pip-config.txt" 2>/dev/null && [ -s "$dir/conf/pip-config.txt" ]; then
   cert=$(python3 - "$dir/conf/pip-config.txt" "$dir/conf/pip.conf" <<'EOF'
 import re, sys
@@ -206,23 +205,19 @@ with open(sys.argv[2], "w") as f:
 print(cert)
 EOF
 )
-  mounts+=(-v "$dir/conf/pip.conf:/run/pip-build/pip.conf:ro")
+  secrets+=(--secret "id=pip_conf,src=$dir/conf/pip.conf")
   if [ -n "$cert" ] && [ -f "$cert" ]; then
-    mounts+=(-v "$(readlink -f "$cert"):/run/pip-build/ca.crt:ro")
+    secrets+=(--secret "id=pip_cert,src=$(readlink -f "$cert")")
   fi
-  echo "pip: this machine's configuration$([ -n "$cert" ] && echo " and CA bundle ($cert)") mounted into the build at /run/pip-build (read-only)"
+  echo "pip: this machine's configuration$([ -n "$cert" ] && echo " and CA bundle ($cert)") given to the build as secrets"
 fi
-if [ $use_ccache = 1 ]; then
-  cache=${GPURUN_IMAGE_CCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/image-ccache}
-  mkdir -p "$cache"
-  mounts+=(-v "$cache:/var/cache/gpurun-ccache")
-  echo "ccache: $cache mounted into the build ($(du -sh "$cache" | cut -f1) now)"
-fi
+cache=/var/tmp/buildah-cache/var/cache/gpurun-ccache
+echo "compiler cache: $([ -d "$cache" ] && du -sh "$cache" | cut -f1 || echo none) in $cache"
 
 build() {  # build TARGET TAG: podman build, the full output in logs/build-TARGET.log
   local target=$1 tag=$2 t rc=0
   t=$(date +%s)
-  pm build --network host -f docker/Dockerfile --build-arg BASE="$base" "${mounts[@]}" \
+  pm build --network host -f docker/Dockerfile --build-arg BASE="$base" "${secrets[@]}" \
     ${target:+--target "$target"} -t "$tag" . >"$dir/logs/build-${target:-runtime}.log" 2>&1 || rc=$?
   # The stages' steps, the dependency and CMake summaries, gpurun's own check of what it links.
   local log=$dir/logs/build-${target:-runtime}.log
@@ -349,42 +344,55 @@ pass "$(grep -E "tests passed" "$dir/logs/unit.log")"
 
 # --- 6: nothing of this machine in the images ----------------------------------------------------
 step 6 "nothing of here"
-# What this machine adds: the certificates in the CA bundle that Debian's ca-certificates does not
-# have (a middle line of each, unique to it), the pip configuration's values, and the build-only
-# mount point. None may be in a file of either image, nor in their metadata and history.
+# What this machine adds: the certificates of its CA bundle that are not Debian's own (not in
+# /usr/share/ca-certificates; a middle line of each, unique to it), the hosts and paths its pip
+# configuration names, the secrets' mount point. None may be in a file of either image, nor in
+# their metadata and history, nor in the repository.
 needles=$dir/conf/needles.txt
 : >"$needles"
 if [ -f "$dir/conf/pip.conf" ]; then
-  # The values that name places: index and link URLs (their hosts), trusted hosts, proxies.
   sed -n 's/^\(index-url\|extra-index-url\|find-links\|trusted-host\|proxy\|client-cert\) = //p' \
     "$dir/conf/pip.conf" | tr ' ' '\n' | sed 's|^[a-z+]*://\([^@/]*@\)\{0,1\}\([^/:]*\).*|\2|' |
     grep -v '^$' >>"$needles" || true
 fi
 cert=${cert:-}
 machine_certs=0
+middle_lines() {  # the middle line of each certificate's base64 in PEM files
+  awk '/BEGIN CERT/ {n = 0; delete l; next} /END CERT/ {print l[int(n / 2)]; next} {l[n++] = $0}' "$@"
+}
 if [ -n "$cert" ] && [ -f "$cert" ]; then
-  pm run --rm --network none --entrypoint cat "$IMAGE:build" /etc/ssl/certs/ca-certificates.crt \
-    >"$dir/conf/debian-ca.crt"
+  if [ -d /usr/share/ca-certificates ]; then
+    find /usr/share/ca-certificates -name '*.crt' -exec cat {} + >"$dir/conf/debian-ca.crt"
+  else  # not a Debian host: the image's bundle is the reference
+    pm run --rm --network none --entrypoint cat "$IMAGE:build" /etc/ssl/certs/ca-certificates.crt \
+      >"$dir/conf/debian-ca.crt"
+  fi
+  middle_lines "$dir/conf/debian-ca.crt" | sort -u >"$dir/conf/debian-ca.lines"
   while read -r line; do
-    grep -qxF "$line" "$dir/conf/debian-ca.crt" || { echo "$line" >>"$needles"; machine_certs=$((machine_certs + 1)); }
-  done < <(awk '/BEGIN CERT/ {n = 0; delete l; next} /END CERT/ {print l[int(n / 2)]; next} {l[n++] = $0}' "$cert")
+    grep -qxF "$line" "$dir/conf/debian-ca.lines" ||
+      { echo "$line" >>"$needles"; machine_certs=$((machine_certs + 1)); }
+  done < <(middle_lines "$cert")
 fi
 echo "looking for $(wc -l <"$needles") strings: $machine_certs certificates this machine adds to" \
-  "Debian's CA bundle, and the hosts and paths of its pip configuration"
-[ -s "$needles" ] || echo "(none to look for: this machine adds nothing; only the mount point is checked)"
+  "Debian's CA bundle, and the hosts and paths its pip configuration names"
 for tag in latest build; do
+  hits=$dir/conf/hits-$tag.txt
   mnt=$(pm image mount "$IMAGE:$tag")
-  hits=""
-  if [ -s "$needles" ]; then
-    hits=$(grep -rlF -f "$needles" "$mnt" 2>/dev/null | sed "s|^$mnt||" | head -5 || true)
-    hits+=$( { pm image inspect "$IMAGE:$tag"; pm history --no-trunc --format '{{.CreatedBy}}' "$IMAGE:$tag"; } |
-      grep -F -f "$needles" | head -3 || true)
-  fi
-  # The build-only mount points leave nothing behind, not even an empty file.
-  hits+=$(ls -d "$mnt/run/pip-build" "$mnt/var/cache/gpurun-ccache" 2>/dev/null || true)
-  hits+=$(find "$mnt" -xdev -name pip.conf 2>/dev/null | sed "s|^$mnt||" || true)
+  {
+    if [ -s "$needles" ]; then
+      grep -rlF -f "$needles" "$mnt" 2>/dev/null | sed "s|^$mnt||" | head -5
+      { pm image inspect "$IMAGE:$tag"; pm history --no-trunc --format '{{.CreatedBy}}' "$IMAGE:$tag"; } |
+        grep -F -f "$needles" | head -3
+    fi
+    # The secrets' mount point is gone (the runtime stage never had it); no pip.conf anywhere;
+    # the compiler cache's mount point only where it was used, empty.
+    ls -d "$mnt/run/pip-build" 2>/dev/null | sed "s|^$mnt||"
+    find "$mnt" -xdev -name pip.conf 2>/dev/null | sed "s|^$mnt||"
+    [ "$tag" = build ] || ls -d "$mnt/var/cache/gpurun-ccache" 2>/dev/null | sed "s|^$mnt||"
+    find "$mnt/var/cache/gpurun-ccache" -mindepth 1 2>/dev/null | sed "s|^$mnt||" | head -3
+  } >"$hits" || true
   pm image unmount "$IMAGE:$tag" >/dev/null
-  [ -z "$hits" ] || fail "$IMAGE:$tag holds this machine's configuration: $hits"
+  [ ! -s "$hits" ] || fail "$IMAGE:$tag holds what it must not: $(tr '\n' ' ' <"$hits")"
   echo "$IMAGE:$tag: none in its files, its metadata or its history; no pip.conf, no mount point left"
 done
 if [ -s "$needles" ]; then
