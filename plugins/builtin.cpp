@@ -1,4 +1,5 @@
 #include "builtin.h"
+#include "data/builtin_datasets.h"
 
 namespace gpurun {
 void register_builtin_plugins(Registry& registry) {

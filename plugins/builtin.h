@@ -8,15 +8,9 @@ class Registry;
 void register_builtin_plugins(Registry& registry);
 /// mlp, cnn (models.cpp), resnet (resnet.cpp), gpt (gpt.cpp).
 void register_builtin_models(Registry& registry);
-/// idx (idx_dataset.cpp), csv (csv_dataset.cpp), text (text_dataset.cpp), synthetic
-/// (synthetic_dataset.cpp).
-void register_builtin_datasets(Registry& registry);
 
 void register_resnet_model(Registry& registry);
 void register_gpt_model(Registry& registry);
-void register_csv_dataset(Registry& registry);
-void register_text_dataset(Registry& registry);
-void register_synthetic_dataset(Registry& registry);
 /// The epoch hook "sample": text generated after every epoch (sample_hook.cpp).
 void register_sample_hook(Registry& registry);
 }  // namespace gpurun

@@ -23,7 +23,7 @@
 #include "builtin.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
-#include "utf8.h"
+#include "util/utf8.h"
 
 namespace gpurun {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <ATen/ops/arange.h>
 
-#include "builtin.h"
+#include "data/builtin_datasets.h"
 #include "fuzz_util.h"
 #include "gpurun/registry.h"
 

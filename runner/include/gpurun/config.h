@@ -76,7 +76,7 @@ struct DataConfig {
   int64_t classes = 10;                   ///< synthetic: number of classes
   int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
   /// A local disk that path and eval_path are copied to before training, and read from
-  /// (train/data_stage.h); a relative path resolves against the working directory, as
+  /// (data/data_stage.h); a relative path resolves against the working directory, as
   /// --ckpt does (a place written, not an input). "": off.
   std::string stage_dir;
 };

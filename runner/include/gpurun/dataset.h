@@ -1,4 +1,4 @@
-// Datasets: in-memory samples that the trainer indexes by a per-epoch permutation.
+// Datasets: samples that the trainer indexes by a per-epoch permutation.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,18 @@ struct Batch {
   at::Tensor targets;
 };
 
+/// Where a batch's samples stand in their epoch. A data set whose samples are random (an
+/// augmentation, a window's offset) draws sample i's randomness from
+/// sample_seed(seed, epoch, positions[i]) alone, so that a sample's contents depend on neither
+/// the loader's workers, nor timing, nor the world size: a resume at any world size sees the
+/// same samples as the uninterrupted run.
+struct BatchContext {
+  int64_t seed = 0;      ///< train.seed
+  int64_t epoch = -1;    ///< the training epoch (0-based); -1: evaluation, which draws nothing
+  at::Tensor positions;  ///< int64 [B]: each sample's position in the epoch's permutation
+  bool training() const { return epoch >= 0; }
+};
+
 /// Random access to N samples.
 class Dataset {
  public:
@@ -26,6 +38,13 @@ class Dataset {
   virtual int64_t size() const = 0;
   /// The samples at `indices` (int64 [B], each in [0, size())), in that order.
   virtual Batch get(const at::Tensor& indices) const = 0;
+  /// The samples at `indices` as a training step (context.training()) or evaluation sees
+  /// them. The default ignores the context: samples without randomness. May be called from
+  /// several loader threads at once: an implementation must be safe for concurrent calls.
+  virtual Batch get_batch(const at::Tensor& indices, const BatchContext& context) const {
+    (void)context;
+    return get(indices);
+  }
 };
 
 /// A dataset from tensors already in host memory. `inputs` [N, ...] of any dtype is
@@ -58,5 +77,10 @@ struct DatasetSplits {
 /// The order of epoch `epoch`'s samples: a permutation of [0, n) drawn from a generator
 /// seeded with (seed, epoch) alone, so any epoch's order is reproducible without saved state.
 at::Tensor epoch_permutation(int64_t n, int64_t seed, int64_t epoch);
+
+/// The seed of one sample's random draws: a hash of (seed, epoch, position in the epoch), the
+/// three BatchContext gives. Seed a private generator with it (at::make_generator), never the
+/// global one, which dropout also draws from.
+uint64_t sample_seed(int64_t seed, int64_t epoch, int64_t position);
 
 }  // namespace gpurun

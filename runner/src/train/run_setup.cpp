@@ -29,7 +29,7 @@
 #include "model/fine_tune.h"
 #include "model/torchscript_model.h"
 #include "model/without_weights.h"
-#include "train/data_stage.h"
+#include "data/data_stage.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
 #include "util/signals.h"

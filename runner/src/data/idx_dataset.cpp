@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "builtin.h"
+#include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
 
@@ -137,11 +137,6 @@ DatasetSplits load_idx(const DataConfig& c) {
 
 }  // namespace
 
-void register_builtin_datasets(Registry& registry) {
-  registry.add_dataset("idx", load_idx);
-  register_csv_dataset(registry);
-  register_text_dataset(registry);
-  register_synthetic_dataset(registry);
-}
+void register_idx_dataset(Registry& registry) { registry.add_dataset("idx", load_idx); }
 
 }  // namespace gpurun

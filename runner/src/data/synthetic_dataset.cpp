@@ -13,7 +13,7 @@
 
 #include <cmath>
 
-#include "builtin.h"
+#include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
 

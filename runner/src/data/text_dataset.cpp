@@ -18,10 +18,10 @@
 #include <filesystem>
 #include <memory>
 
-#include "builtin.h"
+#include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
-#include "utf8.h"
+#include "util/utf8.h"
 
 namespace gpurun {
 namespace {

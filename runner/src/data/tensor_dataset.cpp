@@ -29,4 +29,17 @@ at::Tensor epoch_permutation(int64_t n, int64_t seed, int64_t epoch) {
   return at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
 }
 
+uint64_t sample_seed(int64_t seed, int64_t epoch, int64_t position) {
+  // SplitMix64's finaliser over each word in turn (Steele et al. 2014): neighbouring
+  // positions give unrelated seeds, which the Philox/mt19937 generators they seed expect.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  uint64_t h = mix(static_cast<uint64_t>(seed) + 0x9E3779B97F4A7C15ull);
+  h = mix(h ^ (static_cast<uint64_t>(epoch) + 0x9E3779B97F4A7C15ull));
+  return mix(h ^ (static_cast<uint64_t>(position) + 0x9E3779B97F4A7C15ull));
+}
+
 }  // namespace gpurun

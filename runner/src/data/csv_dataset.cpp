@@ -28,7 +28,7 @@
 #include <optional>
 #include <sstream>
 
-#include "builtin.h"
+#include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
 

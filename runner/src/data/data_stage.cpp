@@ -1,4 +1,4 @@
-#include "train/data_stage.h"
+#include "data/data_stage.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
