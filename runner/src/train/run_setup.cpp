@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config/paths.h"
+#include "data/data_stage.h"
 #include "distributed/collectives.h"
 #include "forecast/cards.h"
 #include "gpurun/errors.h"
@@ -29,7 +30,6 @@
 #include "model/fine_tune.h"
 #include "model/torchscript_model.h"
 #include "model/without_weights.h"
-#include "data/data_stage.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
 #include "util/signals.h"
