@@ -207,6 +207,28 @@ TEST(Progress, ATerminalShowsNoStaleProgressLineAboveTheLog) {
   EXPECT_TRUE(is_progress_line(next)) << next;
 }
 
+// Rough edge: the epoch's last progress line showed the loss of the epoch's short last batch
+// alone (600 samples in batches of 64: a last batch of 24). It shows the epoch's mean so far,
+// which at the epoch's end is the epoch line's train loss.
+TEST(Progress, TheEpochsLastProgressLineShowsTheEpochsTrainLoss) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(600, 64, 2));
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt"}, {{"GPURUN_STDERR_TTY", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int epoch = 1; epoch <= 2; ++epoch) {
+    const std::string marker = "epoch " + std::to_string(epoch) + "/2: train loss ";
+    const size_t at = r.err.find(marker);
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const std::string train_loss = r.err.substr(at + marker.size(), 6);  // "0.1234"
+    // The last progress line drawn before the epoch line: its step is the epoch's last.
+    const std::string step = "step " + std::to_string(10 * epoch) + "/20  loss ";
+    const size_t line = r.err.rfind(step, at);
+    ASSERT_NE(line, std::string::npos) << "no progress line of step " << 10 * epoch << ":\n"
+                                       << r.err;
+    EXPECT_EQ(r.err.substr(line + step.size(), 6), train_loss) << r.err.substr(line, 80);
+  }
+}
+
 // Rough edge 12: a Ctrl-C names the checkpoint it wrote; a finished run's status.json holds
 // the loss of its final step, not of the last logged one.
 TEST(Progress, ACtrlCNamesItsCheckpointAndAFinishedStatusHoldsTheFinalLoss) {

@@ -109,7 +109,7 @@ double StepMetrics::eta_seconds() const {
          std::chrono::duration<double>(step_end_ - start_).count() / static_cast<double>(done);
 }
 
-std::string StepMetrics::progress_line(int64_t epoch, int64_t epochs) const {
+std::string StepMetrics::progress_line(int64_t epoch, int64_t epochs, double epoch_loss) const {
   double rate = throughput_;
   if (rate <= 0) {
     const double elapsed = seconds_since(interval_start_);
@@ -120,7 +120,7 @@ std::string StepMetrics::progress_line(int64_t epoch, int64_t epochs) const {
                 "epoch %lld/%lld  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                 static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
                 static_cast<long long>(global_step_), static_cast<long long>(total_steps_),
-                last_loss_.value_or(0.0), rate, format_duration(eta_seconds()).c_str());
+                epoch_loss, rate, format_duration(eta_seconds()).c_str());
   return buf;
 }
 

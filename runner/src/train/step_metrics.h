@@ -76,9 +76,11 @@ class StepMetrics {
   /// saves included; -1 before the first step.
   double eta_seconds() const;
 
-  /// "epoch E/N  step S/T  loss L  R samples/s  ETA D": the last step's loss, the last
-  /// interval's rate (before the first one closes: the rate so far).
-  std::string progress_line(int64_t epoch, int64_t epochs) const;
+  /// "epoch E/N  step S/T  loss L  R samples/s  ETA D": L is `epoch_loss`, the epoch's mean
+  /// loss so far (per sample), so that the epoch's last line shows the epoch's train loss and
+  /// not that of its short last batch alone; R is the last interval's rate (before the first
+  /// one closes: the rate so far).
+  std::string progress_line(int64_t epoch, int64_t epochs, double epoch_loss) const;
 
   /// The loss of this process's last optimizer step; nullopt before it.
   std::optional<double> last_loss() const { return last_loss_; }

@@ -295,7 +295,7 @@ class Trainer {
     const auto [eval_loss, eval_accuracy] = evaluate();
     peaks_.enter(nullptr);
     const double seconds = seconds_since(epoch_start);
-    const double train_loss = epoch_loss_samples_ ? epoch_loss_sum_ / epoch_loss_samples_ : 0.0;
+    const double train_loss = epoch_mean_loss();
     spdlog::info(
         "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
         epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
@@ -436,16 +436,22 @@ class Trainer {
     return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
   }
 
+  double epoch_mean_loss() const {
+    return epoch_loss_samples_ ? epoch_loss_sum_ / static_cast<double>(epoch_loss_samples_) : 0.0;
+  }
+
   void after_step(double loss, int64_t window) {
     metrics_.add(global_step_, loss, window);
     // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
     const bool epoch_end = position_ >= data_.train->size();
     if (global_step_ % config_.log.every_steps != 0) {
-      reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
+      reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs, epoch_mean_loss()),
+                         epoch_end);
       return;
     }
     const StepMetrics::Interval interval = metrics_.close_interval();
-    reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs), epoch_end);
+    reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs, epoch_mean_loss()),
+                       epoch_end);
     const double eta = metrics_.eta_seconds();
     nlohmann::json fields = interval.event_fields(world_);
     fields.update(
