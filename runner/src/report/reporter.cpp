@@ -218,21 +218,19 @@ void Reporter::write_heartbeat() {
   // step), and each is waited for a bounded time.
   if (heartbeat_write_ && !heartbeat_write_->wait_for(0)) return;
   written_step_ = heartbeat_step_;
-  // Best effort and cheap: no fsync, no temporary file; a reader may see a torn line, which
-  // read_heartbeat_step() reports as -1.
-  // Waited for, not left to the background writer: a rank killed outright (SIGKILL, the OOM
-  // killer) a moment later must leave the step it reached for the launcher's report. It is
-  // one small write without fsync, at most once a second.
+  // Cheap: no fsync. Written beside and renamed over the file, so that a rank killed outright
+  // (SIGKILL, the OOM killer) between the truncation and the write never leaves an empty file:
+  // the launcher reads the step it reached, or the one before.
+  // Waited for, not left to the background writer: a rank killed a moment later must leave
+  // the step it reached for the launcher's report. At most once a second.
   const std::string text = "step " + std::to_string(heartbeat_step_) + "\n";
   heartbeat_write_ = DetachedCall<bool>::start([path = heartbeat_path_, text] {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      const ssize_t ignored = ::write(fd, text.data(), text.size());
-      (void)ignored;
-      ::futimens(fd, nullptr);
-      ::close(fd);
-    }
-    return fd >= 0;
+    const std::string temporary = path + ".tmp";
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    return written && ::rename(temporary.c_str(), path.c_str()) == 0;
   });
   (void)heartbeat_write_->wait_for(kHeartbeatWaitSeconds);
 }

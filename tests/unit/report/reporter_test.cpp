@@ -2,7 +2,16 @@
 // reached (supervisor.h).
 #include "report/reporter.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -46,6 +55,37 @@ TEST(Reporter, NoHeartbeatBeforeTheFirstStep) {
   }
   EXPECT_FALSE(std::filesystem::exists(heartbeat_path(dir.path(), 0)));
   EXPECT_EQ(read_heartbeat_step(heartbeat_path(dir.path(), 0)), -1);
+}
+
+// A rank killed outright (SIGKILL) while it rewrites its heartbeat leaves the step it reached or
+// the one before, never an empty or torn file: the launcher's report names the step. The child
+// rewrites the file as fast as it can (an event flushes the heartbeat past its throttle) and is
+// killed at random moments.
+TEST(Reporter, ASigkillWhileTheHeartbeatIsRewrittenLeavesAStep) {
+  std::mt19937 random(11);
+  for (int round = 0; round < 40; ++round) {
+    gpurun::test::TempDir dir("reporter");
+    const std::string file = heartbeat_path(dir.path(), 1);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      Reporter reporter(dir.path(), false, 1);
+      for (int64_t step = 1;; ++step) {
+        reporter.heartbeat(step);
+        reporter.event("checkpoint", {{"global_step", step}});
+      }
+    }
+    while (!std::filesystem::exists(file))
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % 3000));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_GE(read_heartbeat_step(file), 1)
+        << "round " << round << ": the heartbeat holds \"" << text << "\"";
+  }
 }
 
 }  // namespace
