@@ -303,15 +303,19 @@ std::unique_ptr<StepOptimizer> Prober::between_steps(const MemoryPlan& plan) {
   // distributed.shard gradients its full gradients are gone again after the reduce). The
   // weights it changes (weight decay) are put back by the probe's Restorer.
   auto optimizer = make_optimizer();
-  optimizer->zero_grad();
-  if (!optimizer->flat()) {
+  allocate_state(*optimizer);
+  return optimizer;
+}
+
+void Prober::allocate_state(StepOptimizer& optimizer) {
+  optimizer.zero_grad();
+  if (!optimizer.flat()) {
     torch::NoGradGuard no_grad;
     for (at::Tensor p : trainable_parameters(model_)) p.mutable_grad() = at::zeros_like(p);
   }
   std::vector<double> control;
-  optimizer->reduce_gradients(control);
-  optimizer->step(optim_.lr, nullptr);
-  return optimizer;
+  optimizer.reduce_gradients(control);
+  optimizer.step(optim_.lr, nullptr);
 }
 
 Probe Prober::train(int64_t micro_batch, bool checkpointing) {
@@ -326,7 +330,11 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
   int64_t timed_steps = 0;
   meter_.reset_peak();
   try {
+    // The state a lazy optimizer (LibTorch's Adam) allocates at its first update is alive
+    // through every later step's forward and backward: allocated before the measured steps, so
+    // that a probe of one step measures a step of the run, not its first.
     auto optimizer = make_optimizer();
+    allocate_state(*optimizer);
     for (int64_t i = 0; i < steps_; ++i) {
       const auto start = std::chrono::steady_clock::now();
       step(*optimizer, indices, micro_batch);

@@ -140,6 +140,10 @@ class Prober {
   /// gradients, one optimizer step), with `plan`'s checkpointing set: the memory state between
   /// two of the run's steps, without the cost of running one.
   std::unique_ptr<StepOptimizer> between_steps(const MemoryPlan& plan);
+  /// Allocates `optimizer`'s state and every trainable parameter's gradient: zero gradients,
+  /// one update (which changes the weights only by weight decay; the probe's Restorer puts
+  /// them back).
+  void allocate_state(StepOptimizer& optimizer);
 
   SegmentedModel& model_;
   const DatasetSplits& data_;

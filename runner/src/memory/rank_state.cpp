@@ -93,8 +93,14 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   } else {
     e.optimizer_state = moments + master_slice;
   }
-  // A bucket of the reduce-scatter and all-gather in fp32, and the backend's copy of it.
-  if (world_size > 1) e.optimizer_temporaries = 2 * std::min(kReduceBucketBytes, 4 * p);
+  // A bucket of the reduce-scatter in fp32 (FlatLayout::bucket_columns), copied by the backend
+  // (Gloo copies its input). Ours is a copy too, unless the bucket is the gradient buffer
+  // itself: fp32 gradients in one bucket, whose rows are the whole buffer.
+  if (world_size > 1) {
+    const int64_t columns = std::min(layout.bucket_columns(), s);
+    const bool own_copy = w != 4 || columns < s;
+    e.optimizer_temporaries = (own_copy ? 2 : 1) * 4 * world_size * columns;
+  }
   if (optim.grad_clip > 0) e.optimizer_temporaries = std::max(e.optimizer_temporaries, 16 * s);
   return e;
 }

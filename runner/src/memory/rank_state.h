@@ -50,10 +50,6 @@ class SegmentedModel;
 /// WithoutWeights will do).
 StateShape state_shape(SegmentedModel& model);
 
-/// Bytes of the flat optimizer's bucket when it reduce-scatters 16-bit gradients: each bucket
-/// is summed in fp32, at most 25 MiB (flat_optimizer.cpp).
-inline constexpr int64_t kReduceBucketBytes = int64_t{25} << 20;
-
 /// The state parts (Estimate without activations) of one rank of `world_size` under
 /// `placement`, for `optim` and `precision`:
 ///   parameters             weights (parameter buffer) + buffers and frozen parameters
@@ -62,9 +58,13 @@ inline constexpr int64_t kReduceBucketBytes = int64_t{25} << 20;
 ///   optimizer_state        on the card: moments or momentum, and the master slice
 ///   host_bytes             offload: the moments, the master slice and the gradient copy
 ///   weight_casts           autocast's 16-bit copies of fp32 weight matrices (bf16, fp16)
-///   optimizer_temporaries  replicated: estimate_state()'s; flat: the fp32 bucket of a
-///                          16-bit reduce-scatter over several ranks, and with optim.grad_clip
-///                          clip_grad_norm()'s float64 copy of the slice and its square (16S)
+///   optimizer_temporaries  replicated: estimate_state()'s; flat over several ranks: the
+///                          reduce-scatter's fp32 bucket B = 4 N min(C, S) bytes
+///                          (C = FlatLayout::bucket_columns()), 2B when the bucket is a copy
+///                          (16-bit gradients, or several buckets) and B when it is the
+///                          gradient buffer itself, B being the backend's copy (Gloo's); with
+///                          optim.grad_clip at least clip_grad_norm()'s float64 copy of the
+///                          slice and its square (16S)
 /// master weights apply under bf16 and fp16 only. Replicated, the result equals
 /// estimate_state(). Throws std::invalid_argument for world_size < 1.
 Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision precision,

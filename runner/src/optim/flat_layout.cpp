@@ -58,4 +58,8 @@ std::vector<FlatPiece> FlatLayout::pieces(const ElementRange& flat) const {
   return out;
 }
 
+int64_t FlatLayout::bucket_columns() const {
+  return std::max<int64_t>(kAlignment, kBucketBytes / (4 * world_size_) / kAlignment * kAlignment);
+}
+
 }  // namespace gpurun

@@ -47,6 +47,10 @@ class FlatLayout {
   /// Elements each parameter's offset, and each slice, is a multiple of: 64 x 4 bytes = 256
   /// bytes for fp32, a multiple of every CPU vector width and of a CUDA cache line.
   static constexpr int64_t kAlignment = 64;
+  /// The reduce-scatter and the all-gather run in buckets of at most this many bytes of fp32
+  /// (DDP's bucket_cap_mb = 25): 16-bit gradients are summed in fp32 without an fp32 copy of
+  /// the whole buffer, and a backend's own copy of its input (Gloo's) stays as small.
+  static constexpr int64_t kBucketBytes = int64_t{25} << 20;
 
   /// `parameters`: name and shape of each trainable parameter, in order; `world_size` >= 1.
   /// Throws std::invalid_argument for world_size < 1 or a negative dimension.
@@ -64,6 +68,9 @@ class FlatLayout {
   /// Rank `rank`'s slice of the flat buffer. Throws std::out_of_range for a rank outside
   /// [0, world_size).
   ElementRange shard(int64_t rank) const;
+  /// Columns of the [world_size, shard_numel] view per bucket, a multiple of kAlignment:
+  /// world_size x columns fp32 elements take at most kBucketBytes (or one kAlignment).
+  int64_t bucket_columns() const;
   /// The parameters' pieces inside `flat` (padding skipped), in buffer order.
   std::vector<FlatPiece> pieces(const ElementRange& flat) const;
 

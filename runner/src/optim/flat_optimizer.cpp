@@ -19,18 +19,6 @@
 namespace gpurun {
 namespace {
 
-/// The reduce-scatter and the all-gather run in buckets of at most this many bytes of fp32
-/// (DDP's bucket_cap_mb = 25): 16-bit gradients are summed in fp32 without an fp32 copy of
-/// the whole buffer, and a backend's own copy of its input (Gloo's) stays as small.
-constexpr int64_t kBucketBytes = 25LL << 20;
-
-/// Columns of the [N, S] view per bucket: N x columns fp32 elements take at most kBucketBytes.
-int64_t bucket_columns(int64_t world_size) {
-  return std::max<int64_t>(
-      FlatLayout::kAlignment,
-      kBucketBytes / (4 * world_size) / FlatLayout::kAlignment * FlatLayout::kAlignment);
-}
-
 std::vector<std::pair<std::string, std::vector<int64_t>>> shapes_of(
     const std::vector<std::pair<std::string, at::Tensor>>& params) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
@@ -157,7 +145,7 @@ void FlatOptimizer::reduce_gradients(std::vector<double>& control) {
     // Column buckets of the [N, S] view: bucket k is every rank's elements [k c, (k + 1) c)
     // of its slice, summed in fp32 into this rank's grad_slice_[k c, (k + 1) c). A bucket
     // bounds the temporaries, ours and the backend's (Gloo copies its input), as DDP's do.
-    const int64_t c = bucket_columns(n);
+    const int64_t c = layout_.bucket_columns();
     const at::Tensor rows = grads_.view({n, s});
     for (int64_t k = 0; k < s; k += c) {
       const int64_t w = std::min(c, s - k);
@@ -234,7 +222,7 @@ bool FlatOptimizer::step(double lr, GradScaler* scaler) {
     if (master_.defined()) weights_slice().copy_(master_);
     return true;
   }
-  const int64_t n = layout_.world_size(), s = layout_.shard_numel(), c = bucket_columns(n);
+  const int64_t n = layout_.world_size(), s = layout_.shard_numel(), c = layout_.bucket_columns();
   const at::Tensor rows = params_.view({n, s});
   for (int64_t k = 0; k < s; k += c) {
     const int64_t w = std::min(c, s - k);

@@ -80,7 +80,9 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     EXPECT_EQ(o.gradient_slice, 4 * s + 4 * s);  // fp32 slice + the send buffer
     EXPECT_EQ(o.optimizer_state, 8 * s);         // this rank's moments only
     EXPECT_EQ(o.weight_casts, 2 * kMatrix);      // fp32 weights are still cast
-    const int64_t bucket = n > 1 ? 8 * p : 0;    // a collective's bucket and Gloo's copy
+    // Gloo's copy of the reduce-scatter's input: with fp32 gradients in one bucket, the
+    // bucket is the gradient buffer itself, not a copy of ours.
+    const int64_t bucket = n > 1 ? 4 * p : 0;
     EXPECT_EQ(o.optimizer_temporaries, bucket);  // the fused kernels allocate nothing
     EXPECT_EQ(o.host_bytes, 0);
     // The backward passes (gradients and autocast's casts) or the update (the gradients, the
@@ -148,6 +150,25 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
           .total());
   EXPECT_THROW(rank_state(small_model(), adamw(), Precision::kBf16, placement("optimizer"), 0),
                std::invalid_argument);
+}
+
+// The reduce-scatter's bucket: 25 MiB of fp32 at most, split in columns of the [N, S] view
+// (FlatLayout::bucket_columns()); past one bucket ours is a copy beside Gloo's.
+TEST(RankState, ALargeModelsReduceScatterTemporariesAreTwoBucketsOf25MiB) {
+  StateShape large;
+  large.trainable = {{"w", {20'000'000}}};  // 80 MB of fp32: 2 ranks' slices of 40 MB each
+  const Estimate e = rank_state(large, adamw(), Precision::kFp32, placement("optimizer"), 2);
+  const int64_t columns = (int64_t{25} << 20) / (4 * 2) / 64 * 64;  // 3'276'800 a rank
+  EXPECT_EQ(e.optimizer_temporaries, 2 * 4 * 2 * columns);
+  EXPECT_LE(e.optimizer_temporaries, 2 * (int64_t{25} << 20));
+  // Two ranks of a model that fits one bucket: the fp32 gradient buffer is the bucket.
+  EXPECT_EQ(rank_state(small_model(), adamw(), Precision::kFp32, placement("optimizer"), 2)
+                .optimizer_temporaries,
+            4 * kPadded[2]);
+  // 16-bit gradients are summed in an fp32 copy of the bucket.
+  EXPECT_EQ(rank_state(small_model(), adamw(), Precision::kBf16, placement("optimizer", true), 2)
+                .optimizer_temporaries,
+            2 * 4 * kPadded[2]);
 }
 
 TEST(RankState, TheEstimatesStatePartsComeFromTheRankAndTheActivationsStay) {
