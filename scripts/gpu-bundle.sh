@@ -21,6 +21,8 @@ packages=(
   libcxxopts-dev nlohmann-json3-dev
   libxxhash-dev libxxhash0
   zlib1g-dev zlib1g               # zlib1g: libz.so.1, which the -dev symlink points to
+  libturbojpeg0-dev libturbojpeg0    # data.name image_folder: JPEG through TurboJPEG
+  libpng-dev libpng16-16             # data.name image_folder: PNG
   libgtest-dev
   libfuse3-dev libfuse3-3            # tests/tools/faultfs (the storage fault tests)
   libgloo-dev                        # headers only: c10d's ProcessGroupGloo.hpp includes them

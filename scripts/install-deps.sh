@@ -28,6 +28,7 @@ packages=(
   libgloo-dev                       # Gloo's headers, which c10d's ProcessGroupGloo.hpp includes
   libcxxopts-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libxxhash-dev
   zlib1g-dev
+  libturbojpeg0-dev libpng-dev      # data.name image_folder: JPEG (TurboJPEG) and PNG decoding
   libgtest-dev                      # tests
   python3 python3-venv              # the PyTorch venv, interop tests (torch.load of model.pt)
   dataset-fashion-mnist             # the real data set: /usr/share/datasets/fashion-mnist

@@ -59,13 +59,13 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "idx";  ///< registry name: idx, csv, text, synthetic, or a plugin's
-  /// idx: directory; csv, text: file. Relative: beside run.yaml (config/paths.h's rule).
+  std::string name = "idx";  ///< registry name: idx, csv, text, image_folder, synthetic, a plugin's
+  /// idx, image_folder: directory; csv, text: file. Relative: beside run.yaml (config/paths.h).
   std::string path = "/usr/share/datasets/fashion-mnist";
-  int64_t train_samples = 0;    ///< 0: all; otherwise the first N training samples
-  int64_t eval_samples = 0;     ///< 0: all; otherwise the first N test samples
-  std::string eval_path;        ///< csv, text: evaluation file (relative: beside run.yaml)
-  double eval_fraction = 0.1;   ///< csv, text, synthetic: share held out when not eval_path
+  int64_t train_samples = 0;  ///< 0: all; otherwise the first N training samples
+  int64_t eval_samples = 0;   ///< 0: all; otherwise the first N test samples
+  std::string eval_path;  ///< csv, text: evaluation file; image_folder: folder (beside run.yaml)
+  double eval_fraction = 0.1;   ///< csv, text, image_folder, synthetic: held out without eval_path
   std::string label = "-1";     ///< csv: label column, header name or 0-based index (<0: from end)
   bool header = true;           ///< csv: the first row names the columns
   std::string delimiter = ",";  ///< csv: one character; "\t" or "tab" for tab
@@ -74,7 +74,20 @@ struct DataConfig {
   int64_t samples = 1024;       ///< synthetic: samples generated (both splits)
   std::vector<int64_t> shape{1, 28, 28};  ///< synthetic: shape of one sample
   int64_t classes = 10;                   ///< synthetic: number of classes
-  int64_t seed = 0;  ///< synthetic: the data; csv: the shuffle before the split
+  int64_t seed = 0;  ///< synthetic: the data; csv, image_folder: the shuffle before the split
+  /// image_folder (data/image_folder.h): the side in pixels of the square samples, [C, S, S].
+  int64_t image_size = 224;
+  int64_t channels = 3;  ///< image_folder: 1 (grayscale) or 3 (RGB), converted on decode
+  /// image_folder: training transform. standard: RandomResizedCrop + RandomHorizontalFlip;
+  /// none: the evaluation transform (Resize + CenterCrop).
+  std::string augment = "standard";
+  /// image_folder: per-channel mean and standard deviation of pixels in [0, 1], one value or
+  /// one per channel. Empty: ImageNet's for 3 channels, 0.5 for 1.
+  std::vector<double> mean;
+  std::vector<double> std;
+  /// image_folder: a file that does not decode is skipped (counted, logged once) instead of
+  /// ending the run.
+  bool skip_bad = false;
   /// A local disk that path and eval_path are copied to before training, and read from
   /// (data/data_stage.h); a relative path resolves against the working directory, as
   /// --ckpt does (a place written, not an input). "": off.

@@ -239,7 +239,8 @@ class Assembly {
                std::to_string(d.context) + ", the length of every sample; use at least " +
                std::to_string(d.context) + ", or 0 for data.context");
     }
-    const bool builtin_data = d.name == "idx" || d.name == "csv" || d.name == "synthetic";
+    const bool builtin_data =
+        d.name == "idx" || d.name == "csv" || d.name == "synthetic" || d.name == "image_folder";
     const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
     if (d.name == "text" && feature_model) {
       fail(where("model.name", "data.name"), "model.name " + m.name +
@@ -249,6 +250,17 @@ class Assembly {
       fail(where("model.name", "data.name"), "model.name gpt takes token ids, but data.name " +
                                                  d.name +
                                                  " gives float features; use data.name text");
+    }
+    if (d.name == "image_folder") {
+      if (d.channels != 1 && d.channels != 3)
+        fail(where("data.channels", "data.channels"),
+             "data.channels must be 1 (grayscale) or 3 (RGB), got " + std::to_string(d.channels));
+      for (const auto& [key, list] : {std::pair{"data.mean", &d.mean}, {"data.std", &d.std}}) {
+        const auto n = static_cast<int64_t>(list->size());
+        if (n > 1 && n != d.channels)
+          fail(where(key, key), std::string(key) + " must hold one value or one per channel (" +
+                                    std::to_string(d.channels) + "), got " + std::to_string(n));
+      }
     }
     if (d.name == "csv") {
       if (d.delimiter.size() != 1 && d.delimiter != "\\t" && d.delimiter != "tab") {

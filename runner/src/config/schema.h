@@ -14,12 +14,13 @@ namespace gpurun::detail {
 
 /// Where a key's value lives in RunConfig; the alternative held is the key's type.
 using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
-                           std::vector<std::string>*>;
+                           std::vector<std::string>*, std::vector<double>*>;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// What a key accepts beyond its type. Bounds apply to ints, floats and every element of an
-/// int list; `choices` to strings; `size` marks a SIZE string (parse_size) or one of `choices`.
+/// int or float list; `choices` to strings; `size` marks a SIZE string (parse_size) or one of
+/// `choices`.
 struct Limit {
   double lo = -kInf, hi = kInf;
   bool lo_open = false, hi_open = false;

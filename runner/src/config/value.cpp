@@ -121,6 +121,11 @@ std::string format_value(const Field& f) {
   if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
   if (auto* s = std::get_if<std::string*>(&f)) return (*s)->empty() ? "\"\"" : **s;
   if (auto* l = std::get_if<std::vector<std::string>*>(&f)) return json(**l).dump();
+  if (auto* l = std::get_if<std::vector<double>*>(&f)) {
+    std::string items;
+    for (double v : **l) items += (items.empty() ? "" : ", ") + json(v).dump();
+    return "[" + items + "]";
+  }
   std::string items;
   for (int64_t v : *std::get<std::vector<int64_t>*>(f))
     items += (items.empty() ? "" : ", ") + std::to_string(v);
@@ -227,6 +232,18 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       values.push_back(item.Scalar());
     }
     **l = std::move(values);
+  } else if (auto* numbers = std::get_if<std::vector<double>*>(&f)) {
+    const char* what = "a list of numbers like [0.485, 0.456, 0.406]";
+    if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
+    std::vector<double> values;
+    for (const YAML::Node& item : n) {
+      const auto v = to_double(item);
+      if (!v) return type_error(what);
+      if (!limit.admits(*v))
+        return name + " must be a list of numbers " + limit.describe() + ", got " + show(n);
+      values.push_back(*v);
+    }
+    **numbers = std::move(values);
   } else {
     const char* what = "a non-empty list of integers like [64, 32]";
     if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
