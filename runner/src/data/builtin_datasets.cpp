@@ -6,6 +6,7 @@ void register_builtin_datasets(Registry& registry) {
   register_idx_dataset(registry);
   register_csv_dataset(registry);
   register_text_dataset(registry);
+  register_tokens_dataset(registry);
   register_synthetic_dataset(registry);
 }
 

@@ -1,11 +1,16 @@
-// The data sets gpurun ships, registered by name like a plugin's (registry.h). Each reads its
-// files whole when the run sets up, into a TensorDataset (gpurun/dataset.h).
+// The data sets gpurun ships, registered by name like a plugin's (registry.h). Each but tokens
+// reads its files whole when the run sets up, into a TensorDataset (gpurun/dataset.h); tokens
+// maps its file and reads the windows a batch asks for.
 #pragma once
+
+#include <string>
+
+#include "gpurun/config.h"
 
 namespace gpurun {
 class Registry;
 
-/// Adds idx, csv, text and synthetic to `registry`.
+/// Adds idx, csv, text, tokens and synthetic to `registry`.
 void register_builtin_datasets(Registry& registry);
 
 /// idx: MNIST-family IDX files (idx_dataset.cpp).
@@ -14,6 +19,11 @@ void register_idx_dataset(Registry& registry);
 void register_csv_dataset(Registry& registry);
 /// text: characters of a UTF-8 file as token ids (text_dataset.cpp).
 void register_text_dataset(Registry& registry);
+/// tokens: a memory-mapped binary file of token ids, raw or llm.c's (tokens_dataset.cpp).
+void register_tokens_dataset(Registry& registry);
+/// The tokens data set's eval file: data.eval_path, else a val.bin beside data.path, else ""
+/// (the last data.eval_fraction of data.path). data_stage stages it with data.path.
+std::string tokens_eval_file(const DataConfig& data);
 /// synthetic: random samples of a given shape, for tests and plans (synthetic_dataset.cpp).
 void register_synthetic_dataset(Registry& registry);
 
