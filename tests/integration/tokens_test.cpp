@@ -159,6 +159,25 @@ TEST_F(TokensRun, SequentialWindowsVisitEveryTokenOncePerEpoch) {
   EXPECT_NE(order[0], order[1]) << "each epoch has its own permutation";
 }
 
+TEST_F(TokensRun, DataStageCopiesTheValBinBesideDataPathWithIt) {
+  // data.stage_dir: the default eval file (val.bin beside data.path) is staged too, and the run
+  // evaluates on the staged copy, not on a held-out share of the staged train.bin.
+  TempDir dir;
+  const std::string nas = dir / "nas", stage = dir / "stage";
+  std::filesystem::create_directories(nas);
+  write_tokens(nas + "/train.bin", text_.substr(0, 20000));
+  write_tokens(nas + "/val.bin", text_.substr(20000, 2000));
+  const std::string config =
+      tokens_config(dir, ", context: 32, train_samples: 32, eval_samples: 16");
+  Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--set", "data.path=" + nas + "/train.bin",
+                         "--set", "data.stage_dir=" + stage, "--set", "train.epochs=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "staged data.path " + nas + "/train.bin")) << r.err;
+  EXPECT_TRUE(contains(r.err, "staged data.eval_path " + nas + "/val.bin")) << r.err;
+  EXPECT_TRUE(contains(r.err, "eval: " + stage)) << r.err;
+  EXPECT_FALSE(contains(r.err, "data.eval_fraction; no data.eval_path")) << r.err;
+}
+
 struct BadInput {
   const char* what;
   std::string bytes;      // train.bin
