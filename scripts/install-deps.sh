@@ -32,7 +32,7 @@ packages=(
   libgtest-dev                      # tests
   python3 python3-venv              # the PyTorch venv, interop tests (torch.load of model.pt)
   dataset-fashion-mnist             # the real data set: /usr/share/datasets/fashion-mnist
-  bible-kjv-text bible-kjv          # the King James Bible for examples/char_lm.yaml (see below)
+  bible-kjv-text bible-kjv          # the King James Bible for examples/char_lm.yaml, kjv_tokens.yaml
   procps util-linux                 # ps/kill/mount used by the fault-injection tests
   libfuse3-dev                      # tests/tools/faultfs, the storage fault tests' FUSE file system
   iproute2 nftables                 # ip netns, nft: the network fault tests' two nodes
@@ -121,6 +121,22 @@ if [ ! -s "$KJV" ]; then
   $SUDO mkdir -p "$(dirname "$KJV")"
   bible -l100000 Gen1:1-Rev22:21 </dev/null | $SUDO tee "$KJV.tmp" >/dev/null
   $SUDO mv "$KJV.tmp" "$KJV"
+fi
+# examples/kjv_tokens.yaml: the same text as uint16 token files, one token per byte, the first
+# 90% as train.bin and the rest as val.bin beside it (nanoGPT's layout).
+KJV_TOKENS=/usr/local/share/gpurun/kjv-tokens
+if [ ! -s "$KJV_TOKENS/val.bin" ]; then
+  echo "install-deps: writing $KJV_TOKENS/{train,val}.bin"
+  $SUDO mkdir -p "$KJV_TOKENS"
+  $SUDO python3 - "$KJV" "$KJV_TOKENS" <<'PY'
+import array, os, sys
+text = open(sys.argv[1], "rb").read()
+split = len(text) * 9 // 10
+for name, part in (("train.bin", text[:split]), ("val.bin", text[split:])):
+    with open(os.path.join(sys.argv[2], name + ".tmp"), "wb") as f:
+        array.array("H", list(part)).tofile(f)  # little-endian on every machine gpurun runs on
+    os.replace(os.path.join(sys.argv[2], name + ".tmp"), os.path.join(sys.argv[2], name))
+PY
 fi
 
 py=$(torch_python)

@@ -59,19 +59,31 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "idx";  ///< registry name: idx, csv, text, image_folder, synthetic, a plugin's
-  /// idx, image_folder: directory; csv, text: file. Relative: beside run.yaml (config/paths.h).
+  /// registry name: idx, csv, text, image_folder, tokens, synthetic, or a plugin's
+  std::string name = "idx";
+  /// idx, image_folder: directory; csv, text, tokens: file. Relative: beside run.yaml
+  /// (config/paths.h).
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t train_samples = 0;  ///< 0: all; otherwise the first N training samples
   int64_t eval_samples = 0;   ///< 0: all; otherwise the first N test samples
-  std::string eval_path;  ///< csv, text: evaluation file; image_folder: folder (beside run.yaml)
-  double eval_fraction = 0.1;   ///< csv, text, image_folder, synthetic: held out without eval_path
+  /// csv, text, tokens: evaluation file; image_folder: folder (relative: beside run.yaml)
+  std::string eval_path;
+  /// csv, text, tokens, image_folder, synthetic: share held out when there is no eval_path
+  double eval_fraction = 0.1;
   std::string label = "-1";     ///< csv: label column, header name or 0-based index (<0: from end)
   bool header = true;           ///< csv: the first row names the columns
   std::string delimiter = ",";  ///< csv: one character; "\t" or "tab" for tab
-  int64_t context = 64;         ///< text: characters per sample
+  int64_t context = 64;         ///< text: characters per sample; tokens: tokens per sample
   int64_t stride = 0;           ///< text: characters between sample starts; 0: context
-  int64_t samples = 1024;       ///< synthetic: samples generated (both splits)
+  /// tokens: uint16 | uint32, the width of a raw file's token ids (an llm.c header names its own)
+  std::string dtype = "uint16";
+  /// tokens: token ids are in [0, vocab_size); 0: the llm.c header's tokenizer (GPT-2: 50257,
+  /// Llama 3: 128256); a raw file needs it set
+  int64_t vocab_size = 0;
+  /// tokens: random (each sample's offset drawn from its sample_seed) | sequential
+  /// (non-overlapping windows, each token once per epoch)
+  std::string windows = "random";
+  int64_t samples = 1024;                 ///< synthetic: samples generated (both splits)
   std::vector<int64_t> shape{1, 28, 28};  ///< synthetic: shape of one sample
   int64_t classes = 10;                   ///< synthetic: number of classes
   int64_t seed = 0;  ///< synthetic: the data; csv, image_folder: the shuffle before the split

@@ -233,7 +233,8 @@ class Assembly {
            "model.width must be divisible by model.heads, got " + std::to_string(m.width) +
                " and " + std::to_string(m.heads));
     }
-    if (m.name == "gpt" && d.name == "text" && m.context != 0 && m.context < d.context) {
+    const bool token_data = d.name == "text" || d.name == "tokens";
+    if (m.name == "gpt" && token_data && m.context != 0 && m.context < d.context) {
       fail(where("model.context", "data.context"),
            "model.context " + std::to_string(m.context) + " is shorter than data.context " +
                std::to_string(d.context) + ", the length of every sample; use at least " +
@@ -242,14 +243,15 @@ class Assembly {
     const bool builtin_data =
         d.name == "idx" || d.name == "csv" || d.name == "synthetic" || d.name == "image_folder";
     const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
-    if (d.name == "text" && feature_model) {
+    if (token_data && feature_model) {
       fail(where("model.name", "data.name"), "model.name " + m.name +
-                                                 " takes float features, but data.name text gives "
-                                                 "character ids; use model.name gpt");
+                                                 " takes float features, but data.name " + d.name +
+                                                 " gives token ids; use model.name gpt");
     } else if (m.name == "gpt" && builtin_data) {
       fail(where("model.name", "data.name"), "model.name gpt takes token ids, but data.name " +
                                                  d.name +
-                                                 " gives float features; use data.name text");
+                                                 " gives float features; use data.name text "
+                                                 "or tokens");
     }
     if (d.name == "image_folder") {
       if (d.channels != 1 && d.channels != 3)

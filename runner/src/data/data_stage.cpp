@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -233,6 +234,9 @@ json stage_data(DataConfig& data, bool log) {
     if (log) spdlog::info("data.stage_dir: the synthetic data set reads no files; nothing staged");
     return staged;
   }
+  // tokens reads a val.bin beside data.path by default: staged with it, or the staged copy,
+  // alone in its folder, would evaluate on a held-out share of the training file instead.
+  if (data.name == "tokens") data.eval_path = tokens_eval_file(data);
   std::error_code ec;
   const stdfs::path dir = stdfs::weakly_canonical(stdfs::absolute(data.stage_dir, ec), ec);
   for (auto [key, path] : {std::pair<const char*, std::string*>{"data.path", &data.path},

@@ -474,6 +474,17 @@ TEST(Config, ModelAndDataRulesNameKeysValuesAndLines) {
   msg = error_of("model: {name: gpt}\ndata: {name: synthetic}\n");
   EXPECT_TRUE(contains(msg, "use data.name text"));
 
+  // data.name tokens (issue 30): its keys checked, misspelt ones named.
+  msg = error_of("model: {name: mlp}\ndata: {name: tokens}\n");
+  EXPECT_TRUE(contains(msg, "data.name tokens gives token ids; use model.name gpt"));
+  msg = error_of("model: {name: gpt, context: 32}\ndata: {name: tokens, context: 64}\n");
+  EXPECT_TRUE(contains(msg, "model.context 32 is shorter than data.context 64"));
+  EXPECT_TRUE(contains(error_of("data: {name: tokens, windows: randm}\n"), "random"));
+  EXPECT_TRUE(contains(error_of("data: {name: tokens, dtype: int16}\n"), "uint16"));
+  EXPECT_TRUE(contains(error_of("data: {name: tokens, vocab_size: -1}\n"), "data.vocab_size"));
+  EXPECT_TRUE(contains(error_of("data: {name: tokens, vocab_sise: 256}\n"),
+                       "did you mean data.vocab_size?"));
+
   msg = error_of("data: {name: csv, delimiter: ';;'}\n");
   EXPECT_TRUE(contains(msg, "data.delimiter must be one character"));
   msg = error_of("data: {name: csv, header: false, label: species}\n");
