@@ -389,6 +389,42 @@ else
   row "10. sharded optimizer on NCCL" skipped "no GPU (--device cpu)"
 fi
 
+# --- 11. the loader on CUDA: workers 2 against the training thread's own fetches --------------
+# The example's CNN with data.workers 0 and 2: the data wait per optimizer step (the step
+# events' data_wait_seconds) against the step time, and the same digest (the workers change
+# nothing that is learned). With workers the batches come from pinned memory, copied on a side
+# stream one batch ahead (data/loader.h); Loader.*_CUDA of row 1 checks those copies' contents.
+if [ "$device" = cuda ]; then
+  cfg=$(config loader "{name: cnn, channels: [32, 64], batch_norm: true}" "")
+  for workers in 0 2; do
+    "$gpurun" "$cfg" --ckpt "$work/loader-$workers" --device cuda --set train.epochs=1 \
+      --set data.train_samples=6400 --set log.every_steps=10 --set data.workers=$workers \
+      >"$logs/loader-$workers.log" 2>&1
+  done
+  verdict=$("$python" - "$work" "$(digest "$work/loader-0")" "$(digest "$work/loader-2")" <<'PY'
+import json, sys
+def wait_and_step(workers):
+    steps = [json.loads(l) for l in open(f"{sys.argv[1]}/loader-{workers}/metrics.jsonl")
+             if '"event":"step"' in l]
+    first, last = steps[0], steps[-1]
+    n = last["global_step"] - first["global_step"]
+    wait = sum(b["data_wait_seconds"] * (b["global_step"] - a["global_step"])
+               for a, b in zip(steps, steps[1:])) / n
+    return wait, (last["time"] - first["time"]) / n
+w0, s0 = wait_and_step(0)
+w2, s2 = wait_and_step(2)
+same = sys.argv[2] and sys.argv[2] == sys.argv[3]
+print(f"{'pass' if same and w2 / s2 <= 0.01 else 'fail'} workers 2: wait {w2 * 1e3:.3f} ms of a "
+      f"{s2 * 1e3:.2f} ms step ({w2 / s2:.4f}); workers 0: {w0 * 1e3:.3f} ms of {s0 * 1e3:.2f} ms "
+      f"({w0 / s0:.4f}); digests {'equal' if same else 'differ'}")
+PY
+)
+  [ -n "$verdict" ] || verdict="fail no verdict (a run left no metrics.jsonl); see logs/loader-*.log"
+  row "11. loader, workers 2 on CUDA: data wait per step" "${verdict%% *}" "${verdict#* }"
+else
+  row "11. loader, workers 2 on CUDA: data wait per step" skipped "no GPU (--device cpu)"
+fi
+
 row "total" "$([ $failures -eq 0 ] && echo pass || echo fail)" "$failures failed rows, $(elapsed)"
 completed=1
 [ "$failures" -eq 0 ]

@@ -194,10 +194,10 @@ TEST_F(KilledAndResumed, TheReportMarksTheKillsResumesAndSignalAndRendersInChrom
   EXPECT_EQ(mark_kinds(data),
             (std::vector<std::string>{"kill", "resume", "kill", "resume", "signal", "resume"}))
       << data["marks"];
-  EXPECT_EQ(drawn_charts(data), 6);
-  const Result browser = check_page(page, 6);
+  EXPECT_EQ(drawn_charts(data), 7);  // the data wait beside the throughput
+  const Result browser = check_page(page, 7);
   EXPECT_EQ(browser.exit_code, 0) << browser.out << browser.err;
-  EXPECT_TRUE(contains(browser.out, "6 canvases, 0 errors: ok")) << browser.out;
+  EXPECT_TRUE(contains(browser.out, "7 canvases, 0 errors: ok")) << browser.out;
   // The lr is 0.05 throughout: its axis spans a twentieth of it each side, not 0.05 +- 1.
   EXPECT_TRUE(contains(browser.out, "canvas chart-lr \"Learning rate\"")) << browser.out;
   EXPECT_TRUE(contains(browser.out, "y=[0.0475, 0.0525]")) << browser.out;

@@ -1,10 +1,17 @@
-// A plugin built in the test tree (plugin.h): model "test_mlp" (two segments) and dataset
-// "test_blobs" (Gaussian clusters), used by the plugin loader and integration tests.
+// A plugin built in the test tree (plugin.h): model "test_mlp" (two segments) and datasets
+// "test_blobs" (Gaussian clusters) and "test_slow_blobs" (the same, slowed or failing on
+// request), used by the plugin loader and integration tests.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randn.h>
+
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "gpurun/dataset.h"
 #include "gpurun/errors.h"
@@ -51,9 +58,48 @@ gpurun::DatasetSplits make_test_blobs(const gpurun::DataConfig& config) {
   return splits;
 }
 
+/// `name` from the environment as an integer; `otherwise` when unset.
+int64_t env_int(const char* name, int64_t otherwise) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::stoll(v) : otherwise;
+}
+
+/// A training split whose every get_batch sleeps GPURUN_TEST_DATA_SLEEP_MS (a slow disk or
+/// decoder) and throws, naming a file, when it holds sample GPURUN_TEST_DATA_THROW_AT (a
+/// corrupt file): the loader's tests (data/loader.h). Safe for concurrent calls.
+class SlowData : public gpurun::Dataset {
+ public:
+  explicit SlowData(std::shared_ptr<gpurun::Dataset> inner)
+      : inner_(std::move(inner)),
+        sleep_ms_(env_int("GPURUN_TEST_DATA_SLEEP_MS", 0)),
+        throw_at_(env_int("GPURUN_TEST_DATA_THROW_AT", -1)) {}
+  int64_t size() const override { return inner_->size(); }
+  gpurun::Batch get(const at::Tensor& indices) const override { return inner_->get(indices); }
+  gpurun::Batch get_batch(const at::Tensor& indices,
+                          const gpurun::BatchContext& context) const override {
+    (void)context;
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    if (throw_at_ >= 0 && indices.eq(throw_at_).any().item<bool>())
+      throw std::runtime_error("cannot decode /data/blobs/sample-" + std::to_string(throw_at_) +
+                               ".bin: truncated");
+    return inner_->get(indices);
+  }
+
+ private:
+  std::shared_ptr<gpurun::Dataset> inner_;
+  int64_t sleep_ms_, throw_at_;
+};
+
+gpurun::DatasetSplits make_test_slow_blobs(const gpurun::DataConfig& config) {
+  gpurun::DatasetSplits splits = make_test_blobs(config);
+  splits.train = std::make_shared<SlowData>(splits.train);
+  return splits;
+}
+
 }  // namespace
 
 GPURUN_PLUGIN(registry) {
   registry.add_model("test_mlp", make_test_mlp);
   registry.add_dataset("test_blobs", make_test_blobs);
+  registry.add_dataset("test_slow_blobs", make_test_slow_blobs);
 }

@@ -58,6 +58,9 @@ struct ModelConfig {
   LoraConfig lora;
 };
 
+/// data.workers and data.prefetch: `auto`, held as -1 (every other value is a number >= 0).
+inline constexpr int64_t kAutoCount = -1;
+
 struct DataConfig {
   /// registry name: idx, csv, text, image_folder, tokens, synthetic, or a plugin's
   std::string name = "idx";
@@ -104,6 +107,14 @@ struct DataConfig {
   /// (data/data_stage.h); a relative path resolves against the working directory, as
   /// --ckpt does (a place written, not an input). "": off.
   std::string stage_dir;
+  /// Loader threads that fetch the coming batches ahead of the training step (data/loader.h);
+  /// 0: each batch is fetched on the training thread when it is needed. kAutoCount (`auto`):
+  /// what the cores leave beside training, at most 4 (resolve_workers() in data/loader.h).
+  /// Never changes what is learned: a batch's contents depend on its place in the epoch alone.
+  int64_t workers = kAutoCount;
+  /// Batches kept ready ahead of the training step, all workers together; kAutoCount (`auto`):
+  /// 2 per worker. Unused with workers 0.
+  int64_t prefetch = kAutoCount;
 };
 
 struct OptimConfig {

@@ -468,7 +468,7 @@ std::string config_path(const RunConfig& config, const std::string& path) {
 nlohmann::json config_to_json(const RunConfig& config) {
   json j = json::object();
   for (const Key& k : schema()) {
-    j[pointer_of(k.name)] = value_json(field_of(k, config));
+    j[pointer_of(k.name)] = value_json(field_of(k, config), k.limit.word);
   }
   return j;
 }
@@ -511,7 +511,7 @@ std::vector<std::string> training_keys() {
 std::string config_hash(const RunConfig& config) {
   json j = json::object();  // std::map underneath: dump() is sorted, hence canonical
   for (const Key& k : schema()) {
-    if (k.hashed) j[k.name] = value_json(field_of(k, config));
+    if (k.hashed) j[k.name] = value_json(field_of(k, config), k.limit.word);
   }
   return xxh3_hex(j.dump());
 }
@@ -519,9 +519,11 @@ std::string config_hash(const RunConfig& config) {
 std::vector<std::string> changed_training_keys(const RunConfig& a, const RunConfig& b) {
   std::vector<std::string> changed;
   for (const Key& k : schema()) {
-    if (!k.hashed || value_json(field_of(k, a)) == value_json(field_of(k, b))) continue;
-    changed.push_back(std::string(k.name) + ": " + format_value(field_of(k, a)) + " -> " +
-                      format_value(field_of(k, b)));
+    if (!k.hashed ||
+        value_json(field_of(k, a), k.limit.word) == value_json(field_of(k, b), k.limit.word))
+      continue;
+    changed.push_back(std::string(k.name) + ": " + format_value(field_of(k, a), k.limit.word) +
+                      " -> " + format_value(field_of(k, b), k.limit.word));
   }
   return changed;
 }
@@ -533,7 +535,7 @@ std::string format_resolved(const RunConfig& config) {
       config.source.empty() ? "resolved config:\n" : "resolved config (" + config.source + "):\n";
   for (const Key& k : schema()) {
     out += "  " + std::string(k.name) + std::string(width + 2 - std::strlen(k.name), ' ') +
-           format_value(field_of(k, config)) + "\n";
+           format_value(field_of(k, config), k.limit.word) + "\n";
   }
   return out;
 }
@@ -543,7 +545,7 @@ std::string format_config_keys() {
   std::string out;
   for (const Key& k : schema()) {
     const std::string limit = k.limit.describe();
-    out += std::string(k.name) + " (default " + format_value(field_of(k, defaults)) +
+    out += std::string(k.name) + " (default " + format_value(field_of(k, defaults), k.limit.word) +
            (limit.empty() ? "" : "; " + limit) + "): " + k.help + "\n";
   }
   return out;

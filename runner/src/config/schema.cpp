@@ -13,7 +13,8 @@ Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // n
 Limit one_of(std::vector<std::string> choices) {
   return {-kInf, kInf, false, false, true, false, std::move(choices)};
 }
-/// A number >= lo, or the word `auto` (checkpoint.every_minutes).
+/// A number >= lo, or the word `auto` (checkpoint.every_minutes; data.workers, held as
+/// kAutoCount).
 Limit at_least_or_auto(double lo) {
   Limit l = at_least(lo);
   l.word = "auto";
@@ -69,6 +70,9 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(data, eval_path), any(), "csv, text, tokens: evaluation file; image_folder: folder; relative to run.yaml; empty: split data.path (tokens: val.bin beside it first)", kHashed},
     // Where the bytes are read from, not which bytes: a staged copy is verified to be the same.
     {GPURUN_KEY(data, stage_dir), any(), "local disk the data files are copied to first, relative to the working directory; empty: off", kNotHashed},
+    // How the batches are fetched, not which: contents depend on (seed, epoch, position) alone.
+    {GPURUN_KEY(data, workers), at_least_or_auto(0), "loader threads fetching batches ahead; 0: on the training thread; auto: the cores left beside training, at most 4", kNotHashed},
+    {GPURUN_KEY(data, prefetch), at_least_or_auto(1), "batches kept ready ahead, all workers together; auto: 2 per worker", kNotHashed},
     {GPURUN_KEY(data, eval_fraction), open_fraction(), "csv, text, tokens, image_folder, synthetic: share held out for evaluation", kHashed},
     {GPURUN_KEY(data, label), non_empty(), "csv: label column, name or 0-based index (<0: from the end)", kHashed},
     {GPURUN_KEY(data, header), any(), "csv: the first row names the columns", kHashed},

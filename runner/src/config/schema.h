@@ -27,7 +27,8 @@ struct Limit {
   bool non_empty = false;  ///< strings and lists
   bool size = false;
   std::vector<std::string> choices;
-  /// A float key that also takes this one word, held as kAutoInterval (NaN); null: none.
+  /// A number key that also takes this one word, held as kAutoInterval (NaN) by a float key
+  /// and as kAutoCount (-1) by an integer key; null: none.
   const char* word = nullptr;
 
   bool admits(double v) const {

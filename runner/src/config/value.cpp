@@ -115,8 +115,9 @@ std::string json_quoted(const std::string& s) {
 
 }  // namespace
 
-std::string format_value(const Field& f) {
-  if (auto* i = std::get_if<int64_t*>(&f)) return std::to_string(**i);
+std::string format_value(const Field& f, const char* word) {
+  if (auto* i = std::get_if<int64_t*>(&f))
+    return word && **i == kAutoCount ? std::string(word) : std::to_string(**i);
   if (auto* d = std::get_if<double*>(&f)) return std::isnan(**d) ? "auto" : json(**d).dump();
   if (auto* b = std::get_if<bool*>(&f)) return **b ? "true" : "false";
   if (auto* s = std::get_if<std::string*>(&f)) return (*s)->empty() ? "\"\"" : **s;
@@ -132,9 +133,11 @@ std::string format_value(const Field& f) {
   return "[" + items + "]";
 }
 
-json value_json(const Field& f) {
+json value_json(const Field& f, const char* word) {
   // A NaN float is the word of a number-or-word key (kAutoInterval).
   if (auto* d = std::get_if<double*>(&f); d && std::isnan(**d)) return json("auto");
+  // An integer key's word is kAutoCount.
+  if (auto* i = std::get_if<int64_t*>(&f); i && word && **i == kAutoCount) return json(word);
   return std::visit([](auto* p) { return json(*p); }, f);
 }
 
@@ -166,10 +169,18 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
   // A number too large for its type is not of a wrong type but beyond any limit.
   bool out_of_range = false;
   if (auto* i = std::get_if<int64_t*>(&f)) {
+    if (limit.word && n.IsScalar() && n.Scalar() == limit.word) {
+      **i = kAutoCount;
+      return "";
+    }
     const auto v = to_int(n, &out_of_range);
     if (out_of_range) {
       return name + " is out of range: must be an integer " + integer_range(limit) + ", got " +
              n.Scalar();
+    }
+    if (!v && limit.word) {
+      const std::string guess = n.IsScalar() ? nearest_of(n.Scalar(), {limit.word}) : "";
+      return range_error(show(n)) + (guess.empty() ? "" : "; did you mean " + guess + "?");
     }
     if (!v) return type_error("an integer");
     if (!limit.admits(static_cast<double>(*v))) return range_error(std::to_string(*v));

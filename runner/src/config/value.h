@@ -23,10 +23,11 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c);
 /// flow style, "nothing" for a missing or null node.
 std::string show(const YAML::Node& n);
 
-/// The value at `f` as run.yaml would hold it ("auto" for the word of a number-or-word key).
-std::string format_value(const Field& f);
+/// The value at `f` as run.yaml would hold it ("auto" for the word of a number-or-word key:
+/// a float's NaN, or an integer's kAutoCount when `word` is the key's Limit::word).
+std::string format_value(const Field& f, const char* word = nullptr);
 
-/// The value at `f` as config.json holds it.
-nlohmann::json value_json(const Field& f);
+/// The value at `f` as config.json holds it (the word as format_value()).
+nlohmann::json value_json(const Field& f, const char* word = nullptr);
 
 }  // namespace gpurun::detail

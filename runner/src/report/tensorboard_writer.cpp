@@ -98,12 +98,14 @@ ScalarRecord scalars_of_event(const nlohmann::json& line, double capacity_bytes)
     add_loss("loss", "train/loss");
     add("lr", "train/lr");
     add("samples_per_second", "train/samples_per_second");
+    add("data_wait_seconds", "train/data_wait_seconds");
     add("loss_scale", "train/loss_scale");
   } else if (name == "epoch") {
     add_loss("train_loss", "train/epoch_loss");
     add("eval_loss", "eval/loss");  // null also when there is no evaluation set
     add("eval_accuracy", "eval/accuracy");
     add("peak_bytes", "memory/peak_bytes");
+    add("eval_data_wait_seconds", "eval/data_wait_seconds");
     if (!r.values.empty() && capacity_bytes > 0)
       r.values.emplace_back("memory/capacity_bytes", capacity_bytes);
   } else if (name == "plan") {

@@ -46,12 +46,20 @@ auto on_batch(const char* what, const at::Tensor& inputs, Pass&& pass) {
 double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                             int64_t micro_batch, c10::Device device, int64_t window,
                             const LossFn& loss_fn, const StepPrecision& precision) {
+  return accumulate_gradients(
+      model, [&](const at::Tensor& chunk) { return data.get(chunk); }, indices, micro_batch, device,
+      window, loss_fn, precision);
+}
+
+double accumulate_gradients(SegmentedModel& model, const FetchBatch& fetch,
+                            const at::Tensor& indices, int64_t micro_batch, c10::Device device,
+                            int64_t window, const LossFn& loss_fn, const StepPrecision& precision) {
   const int64_t shard = indices.numel();
   if (window <= 0) window = shard;
   double loss_sum = 0;
   for (int64_t start = 0; start < shard; start += micro_batch) {
     const int64_t count = std::min(micro_batch, shard - start);
-    Batch batch = data.get(indices.narrow(0, start, count));
+    Batch batch = fetch(indices.narrow(0, start, count));
     const at::Tensor loss = on_batch("the forward pass and loss", batch.inputs, [&] {
       AutocastGuard autocast(precision.precision, device);
       at::Tensor logits = model.forward(batch.inputs.to(device));
@@ -71,6 +79,15 @@ double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at
 EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                              int64_t eval_batch, c10::Device device, const LossFn& loss_fn,
                              const std::function<void()>& before_batch, Precision precision) {
+  return evaluate_in_batches(
+      model, [&](const at::Tensor& chunk) { return data.get(chunk); }, indices, eval_batch, device,
+      loss_fn, before_batch, precision);
+}
+
+EvalSums evaluate_in_batches(SegmentedModel& model, const FetchBatch& fetch,
+                             const at::Tensor& indices, int64_t eval_batch, c10::Device device,
+                             const LossFn& loss_fn, const std::function<void()>& before_batch,
+                             Precision precision) {
   model.eval();
   EvalSums sums;
   {
@@ -79,7 +96,7 @@ EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const a
     for (int64_t start = 0; start < m; start += eval_batch) {
       const int64_t count = std::min(eval_batch, m - start);
       if (before_batch) before_batch();
-      Batch batch = data.get(indices.narrow(0, start, count));
+      Batch batch = fetch(indices.narrow(0, start, count));
       AutocastGuard autocast(precision, device);
       at::Tensor logits = on_batch("evaluation's forward pass", batch.inputs,
                                    [&] { return model.forward(batch.inputs.to(device)); });

@@ -9,13 +9,13 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "gpurun/dataset.h"
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "train/precision.h"
 
 namespace gpurun {
 
-class Dataset;
 class SegmentedModel;
 
 /// The model's forward or backward pass, or the loss, failed on a batch for a reason other than
@@ -26,6 +26,10 @@ class BatchFailed : public Error {
  public:
   using Error::Error;
 };
+
+/// Where a pass's batches come from: called with each chunk's indices (int64 [B]), in order,
+/// returns those samples (the trainer's BatchLoader::next(), data/loader.h).
+using FetchBatch = std::function<Batch(const at::Tensor& indices)>;
 
 /// Accumulates into the parameters' .grad the gradient of the mean `loss` (loss.h) over the
 /// step's window of W = `window` samples, of which this rank holds `indices` (int64 [S],
@@ -44,6 +48,12 @@ double accumulate_gradients(SegmentedModel& model, const Dataset& data, const at
                             const LossFn& loss = cross_entropy,
                             const StepPrecision& precision = {});
 
+/// The same, each chunk's samples from `fetch` instead of data.get().
+double accumulate_gradients(SegmentedModel& model, const FetchBatch& fetch,
+                            const at::Tensor& indices, int64_t micro_batch, c10::Device device,
+                            int64_t window = 0, const LossFn& loss = cross_entropy,
+                            const StepPrecision& precision = {});
+
 /// The sums an evaluation adds up: loss x samples, and correct predictions over every target
 /// (a sample, or a token of a sequence model).
 struct EvalSums {
@@ -59,6 +69,12 @@ struct EvalSums {
 EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                              int64_t eval_batch, c10::Device device, const LossFn& loss,
                              const std::function<void()>& before_batch = {},
+                             Precision precision = Precision::kFp32);
+
+/// The same, each batch's samples from `fetch` instead of data.get().
+EvalSums evaluate_in_batches(SegmentedModel& model, const FetchBatch& fetch,
+                             const at::Tensor& indices, int64_t eval_batch, c10::Device device,
+                             const LossFn& loss, const std::function<void()>& before_batch = {},
                              Precision precision = Precision::kFp32);
 
 }  // namespace gpurun

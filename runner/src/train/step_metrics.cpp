@@ -52,6 +52,11 @@ void StepMetrics::add(int64_t global_step, double loss, int64_t samples) {
   interval_loss_ += loss * static_cast<double>(samples);
 }
 
+void StepMetrics::add_data_wait(double seconds) {
+  wait_seconds_ += seconds;
+  ++wait_steps_;
+}
+
 void StepMetrics::add_traffic(const SyncTraffic& traffic) {
   interval_traffic_.gradient_syncs += traffic.gradient_syncs;
   interval_traffic_.all_reduce_calls += traffic.all_reduce_calls;
@@ -69,6 +74,10 @@ StepMetrics::Interval StepMetrics::close_interval() {
   interval.steps = global_step_ - interval_first_step_;
   interval.time = step_end_time_;
   interval.traffic = interval_traffic_;
+  if (wait_steps_ > 0)
+    interval.data_wait_seconds = wait_seconds_ / static_cast<double>(wait_steps_);
+  wait_seconds_ = 0;
+  wait_steps_ = 0;
   interval_start_ = step_end_;
   interval_first_step_ = global_step_;
   interval_samples_ = rate_samples_ = 0;
@@ -80,6 +89,7 @@ StepMetrics::Interval StepMetrics::close_interval() {
 nlohmann::json StepMetrics::Interval::event_fields(int world_size) const {
   nlohmann::json fields = {
       {"loss", mean_loss}, {"samples_per_second", samples_per_second}, {"time", time}};
+  if (data_wait_seconds >= 0) fields["data_wait_seconds"] = data_wait_seconds;
   if (world_size > 1) {
     const double n = static_cast<double>(steps);
     fields["world_size"] = world_size;

@@ -40,11 +40,14 @@ class StepMetrics {
     int64_t steps = 0;              ///< optimizer steps it covers
     double time = 0;                ///< Unix seconds at its last step: what the rate runs to
     SyncTraffic traffic;            ///< the gradient synchronisation's, over its steps
+    /// Seconds the training thread blocked waiting for its batches (data/loader.h), summed per
+    /// optimizer step and averaged over this process's steps of the interval; -1: none here.
+    double data_wait_seconds = -1;
 
     /// The step event's fields of it: `loss`, `samples_per_second`, `time` and, in a run of
     /// `world_size` > 1 ranks, `world_size` and the traffic per optimizer step
     /// (`gradient_syncs_per_step`, `all_reduce_calls_per_step`, `all_reduce_bytes_per_step`,
-    /// `moved_bytes_per_step`).
+    /// `moved_bytes_per_step`), and `data_wait_seconds` when this process trained a step of it.
     nlohmann::json event_fields(int world_size) const;
   };
 
@@ -61,6 +64,10 @@ class StepMetrics {
   /// An optimizer step ended now: `global_step` steps are done, the last of mean `loss` over
   /// `samples` samples.
   void add(int64_t global_step, double loss, int64_t samples);
+
+  /// Adds the data wait of the step just ended (add()) to the interval: `seconds` the training
+  /// thread blocked for its batches.
+  void add_data_wait(double seconds);
 
   /// Adds the gradient synchronisation of the step in progress to the interval.
   void add_traffic(const SyncTraffic& traffic);
@@ -100,6 +107,8 @@ class StepMetrics {
   double interval_loss_ = 0;                   ///< their sum of loss x samples
   SyncTraffic interval_traffic_;
   int64_t rate_samples_ = 0;  ///< the interval's samples trained by this process
+  double wait_seconds_ = 0;   ///< the data wait of this process's steps of the interval
+  int64_t wait_steps_ = 0;    ///< those steps (a resumed interval's carried ones excluded)
   double throughput_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -8,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include <spdlog/sinks/basic_file_sink.h>
@@ -17,6 +19,7 @@
 #include "checkpoint/sharded_state.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
+#include "data/loader.h"
 #include "distributed/collectives.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
@@ -40,6 +43,7 @@
 #include "train/run_setup.h"
 #include "train/sample_trace.h"
 #include "train/step_metrics.h"
+#include "train/trainer_loop.h"
 #include "util/clock.h"
 #include "util/faults.h"
 #include "util/fs.h"
@@ -48,529 +52,337 @@
 
 namespace gpurun {
 
-namespace {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
-class Trainer {
- public:
-  Trainer(const RunConfig& config, const RunOptions& options, const Registry& registry,
-          std::unique_ptr<Collectives> comm)
-      : config_(config),
-        options_(options),
-        registry_(registry),
-        comm_(std::move(comm)),
-        rank_(comm_ ? comm_->rank() : 0),
-        world_(comm_ ? comm_->world_size() : 1),
-        session_(open_session(config, options.device, options.memory_limit, registry,
-                              options.dist ? options.dist->local_rank : 0)),
-        device_(session_.device),
-        data_(session_.data),
-        model_(session_.model),
-        reporter_(run_dir_or_default(options), rank_ == 0, rank_),
-        checkpointer_(config, {options.ckpt_dir, options.resume, options.force}, reporter_,
-                      comm_.get()),
-        trace_(rank_),
-        peaks_(*session_.meter) {}
-
-  ~Trainer() { set_immediate_stop_action(nullptr); }
-
-  void run() {
-    try {
-      model_source_ = describe_model_source(config_);
-      checkpointer_.claim_directory();
-      const auto read_start = Clock::now();
-      std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
-      const double read_seconds = seconds_since(read_start);
-      // The global batch is train.batch_size whatever the plan, so the run's length is known now.
-      steps_per_epoch_ = steps_per_epoch(config_, data_.train->size());
-      total_steps_ = steps_per_epoch_ * config_.train.epochs;
-      // Refused before any probe: planning takes device time, and a refused resume needs none.
-      if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
-      if (!loaded && !config_.model.init_from.empty())
-        init_from_ = load_init_from(*model_, config_);
-      std::optional<MemoryPlan> saved;
-      if (loaded && loaded->info.manifest.contains("plan"))
-        saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
-      plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
-      checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
-      log_plan(config_, session_, plan_);
-      optimizer_ = make_step_optimizer(config_.optim,
-                                       resolve_placement(config_, plan_.shard, plan_.offload,
-                                                         world_, session_.precision.precision),
-                                       named_trainable_parameters(*model_), comm_.get(),
-                                       half_dtype(session_.precision.precision));
-      if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
-      // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
-      if (rank_ > 0) torch::manual_seed(rank_seed());
-      resume_or_start(loaded, read_seconds);
-      if (comm_) {
-        // As DDP does: every rank starts from rank 0's weights, whatever the model's init does.
-        std::vector<at::Tensor> tensors;
-        for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
-        comm_->broadcast_tensors(tensors);
-        // A fresh start's master slice takes rank 0's weights too; a resumed one was loaded.
-        if (optimizer_->flat() && !global_step_)
-          optimizer_->flat()->reload_master_from_parameters();
-      }
-      started_ = true;
-      reached_step_ = global_step_;
-      reached_epoch_ = epoch_;
-      set_immediate_stop_action([this](int sig) {
-        record_immediate_stop(sig, reached_step_.load(), reached_epoch_.load(), rank_,
-                              checkpointer_, reporter_, options_.ckpt_dir);
-      });
-      // Training starts here: the rates and the ETA count from this moment (the plan event's).
-      metrics_.start(global_step_, total_steps_);
-      // The interval the checkpoint's process had open: the first step event covers the steps
-      // since its last one, as the uninterrupted run's does (step_metrics.h).
-      if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_))
-        spdlog::warn(
-            "the checkpoint's step_interval does not end at its global step {}; the first "
-            "step event covers the resumed steps only",
-            global_step_);
-      const double start_time = unix_seconds();
-      nlohmann::json plan_event = plan_.to_json();
-      plan_event["time"] = start_time;
-      plan_event["global_step"] = global_step_;
-      plan_event["restarts"] = options_.restart_count;
-      reporter_.write_file("config.json", config_to_json(config_).dump(2) + "\n");
-      if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
-      reporter_.event("plan", plan_event);
-      reporter_.status({{"state", "running"},
-                        {"epochs", config_.train.epochs},
-                        {"total_steps", total_steps_},
-                        {"restarts", options_.restart_count}},
-                       true);
-      if (loaded && global_step_ == total_steps_)
-        spdlog::info(
-            "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
-            "the final checkpoint",
-            loaded->info.path, total_steps_, config_.train.epochs);
-      for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
-      checkpointer_.finish(global_step_);  // throws when the final state is not saved
-      if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
-      reporter_.end_progress();
-      spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
-                   model_digest(*model_));
-      nlohmann::json final_status = where_it_ended();
-      final_status.update({{"state", "finished"}, {"eta_seconds", 0}});
-      reporter_.end_run({{"exit_code", 0}, {"global_step", global_step_}}, final_status);
-    } catch (const std::exception& e) {
-      reporter_.end_progress();
-      // A run refused before it started (directory held, config changed) leaves the metrics
-      // and status of the run that owns the directory as they were.
-      if (!started_) throw;
-      const int code = exit_code_for(e);
-      nlohmann::json final_status = where_it_ended();
-      final_status.update(
-          {{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}});
-      reporter_.end_run({{"exit_code", code}, {"error", e.what()}}, final_status);
-      throw;
-    }
-  }
-
- private:
-  /// status.json's fields of the step where the run ended: its epoch, its step and the loss of
-  /// its last step (not of the last logged one). The epoch is 0-based in every state, as
-  /// metrics.jsonl's: a finished run's is its last, not the count (docs/architecture.md).
-  nlohmann::json where_it_ended() const {
-    const int64_t epoch = std::max<int64_t>(0, std::min(epoch_, config_.train.epochs - 1));
-    nlohmann::json fields = {{"epoch", epoch}, {"global_step", global_step_}};
-    if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
-    return fields;
-  }
-
-  /// Rank > 0's dropout stream: a function of the seed and the rank only.
-  uint64_t rank_seed() const {
-    return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
-  }
-
-  /// fp16's scale and growth tracker from the checkpoint, so that the resumed steps scale, skip
-  /// and grow as the uninterrupted run's would.
-  void restore_scaler(const CheckpointMeta& meta, const std::string& path) {
-    if (!scaler_) return;
-    if (meta.extra.contains("grad_scaler")) {
-      scaler_->load_state_dict(meta.extra["grad_scaler"]);
-      skipped_steps_ = meta.extra.value("skipped_steps", int64_t{0});
-      return;
-    }
-    spdlog::warn(
-        "{} was trained in {} and holds no gradient scaler state; fp16 starts its "
-        "loss scale afresh at 65536",
-        path, meta.extra.value("precision", std::string("fp32")));
-  }
-
-  /// Restores `loaded` (already accepted by check_resumable) into the model, optimizer and
-  /// loop position, or starts fresh. A checkpoint found damaged as it is read is set aside and
-  /// `loaded` becomes the one restored instead.
-  /// `read_seconds`: choosing `loaded`.
-  void resume_or_start(std::optional<LoadedCheckpoint>& loaded, double read_seconds) {
-    if (!options_.resume) {
-      spdlog::info("starting a new run in {}", options_.ckpt_dir);
-      return;
-    }
-    if (!loaded) {
-      spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
-      return;
-    }
-    session_.meter->reset_peak();
-    const auto restore_start = Clock::now();
-    bool rng_restored = false;
-    for (;;) {
-      try {
-        rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
-        break;
-      } catch (const DamagedCheckpointError& e) {
-        loaded = checkpointer_.fall_back(*loaded, e.what());
-        if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
-        check_resumable(config_, *loaded, steps_per_epoch_);
-      }
-    }
-    const double restore_seconds = seconds_since(restore_start);
-    const CheckpointMeta& meta = loaded->meta;
-    const int64_t load_peak = session_.meter->peak_bytes();
-    log_resume_differences(
-        *loaded, config_,
-        {session_.precision, model_source_, rank_, world_, rng_restored, steps_per_epoch_});
-    epoch_ = meta.epoch;
-    global_step_ = meta.global_step;
-    position_ = meta.position_in_epoch;
-    epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
-    epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
-    carried_interval_ = meta.extra.value("step_interval", nlohmann::json());
-    if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
-    restore_scaler(meta, loaded->info.path);
-    checkpointer_.resumed_from(loaded->info.path, global_step_);
-    reporter_.status({{"last_checkpoint", loaded->info.path}});
-    spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
-                 loaded->info.path, epoch_, global_step_, position_);
-    reporter_.event("resume", {{"path", loaded->info.path},
-                               {"peak_bytes", load_peak},
-                               {"bytes", loaded->info.bytes},
-                               {"read_seconds", read_seconds},
-                               {"restore_seconds", restore_seconds},
-                               {"epoch", epoch_},
-                               {"global_step", global_step_},
-                               {"position_in_epoch", position_}});
-  }
-
-  void run_epoch() {
-    const int64_t n = data_.train->size();
-    const at::Tensor order = epoch_permutation(n, config_.train.seed, epoch_);
-    model_->train();
-    auto epoch_start = Clock::now();
-    peaks_.restart(&MeasuredPeaks::training);
-    // A resumed epoch continues the sums its checkpoint saved, so its train loss is that of the
-    // whole epoch, as without the interruption.
-    if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
-    stop_if_signalled();
-    while (position_ < n) {
-      const int64_t window = std::min(plan_.global_batch, n - position_);
-      const at::Tensor indices = order.narrow(0, position_, window);
-      // Rank r takes samples r, r + world, ... of the window: disjoint shards that cover it,
-      // whatever the window's size (the short last one included), so that no sample is padded
-      // or dropped and a resume with another world size continues at the same position.
-      const at::Tensor shard =
-          world_ > 1 ? indices.slice(0, rank_, window, world_).contiguous() : indices;
-      const double loss = optimizer_step(shard, window);
-      trace_.record(global_step_, epoch_, shard);
-      position_ += window;
-      ++global_step_;
-      reached_step_ = global_step_;
-      reached_epoch_ = epoch_;
-      epoch_loss_sum_ += loss * window;
-      epoch_loss_samples_ += window;
-      fault_point("after_step", global_step_);
-      if (fault_fires("hog", "after_step", global_step_)) hog_memory();
-      reporter_.heartbeat(global_step_);
-      checkpointer_.report_finished();
-      after_step(loss, window);
-      if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
-      registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
-      stop_if_signalled(agreed_stop_);
-    }
-    sync_buffers();
-    peaks_.enter(&MeasuredPeaks::evaluation);
-    const auto [eval_loss, eval_accuracy] = evaluate();
-    peaks_.enter(nullptr);
-    const double seconds = seconds_since(epoch_start);
-    const double train_loss = epoch_mean_loss();
-    spdlog::info(
-        "epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
-        epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
-    // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
-    if (rank_ == 0)
-      registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
-    save("epoch", epoch_ + 1, 0);
-    // After the epoch's own save, so that its peak covers every part the plan fitted.
-    const MeasuredPeaks peaks = peaks_.peaks();
-    reporter_.event("epoch", {{"epoch", epoch_},
-                              {"global_step", global_step_},
-                              {"train_loss", train_loss},
-                              {"eval_loss", eval_loss},
-                              {"eval_accuracy", eval_accuracy},
-                              {"peak_bytes", peaks.largest()},
-                              {"measured_peaks", peaks.to_json()},
-                              {"seconds", seconds}});
-    stop_if_signalled();
-  }
-
-  /// One optimizer step over `shard`, this rank's part of the step's window of `window`
-  /// samples; returns the window's mean loss. With several ranks, the gradients are summed
-  /// once, after the last micro-batch (collectives.h), together with the control values every
-  /// rank must agree on: the loss, a stop signal seen by any rank, a time-based save due on
-  /// rank 0, and an out-of-memory error on any rank. On out of memory (any rank) the
-  /// gradients are released, the micro-batch halved (global batch kept) and the same step done
-  /// again on every rank.
-  double optimizer_step(const at::Tensor& shard, int64_t window) {
-    for (;;) {
-      optimizer_->zero_grad();
-      double loss = 0;
-      bool out_of_memory = false;
-      try {
-        loss = accumulate_gradients(
-            *model_, *data_.train, shard, plan_.micro_batch, device_, window, session_.loss,
-            {session_.precision.precision, scaler_ ? scaler_->scale() : at::Tensor()});
-      } catch (const c10::OutOfMemoryError& e) {
-        if (!comm_) {
-          shrink_after_oom();
-          continue;
-        }
-        optimizer_->release_gradients();
-        out_of_memory = true;
-      } catch (const BatchFailed& e) {
-        throw BatchFailed("optimizer step " + std::to_string(global_step_ + 1) + " (epoch " +
-                          std::to_string(epoch_ + 1) + ", micro-batches of " +
-                          std::to_string(plan_.micro_batch) + "): " + e.what());
-      }
-      std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
-                                  rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
-                                  out_of_memory ? 1.0 : 0.0};
-      const CollectiveStats before = comm_ ? comm_->stats() : CollectiveStats{};
-      if (comm_) comm_->set_step(global_step_ + 1);
-      // Replicated: the all-reduce into every .grad; flat: the reduce-scatter into this rank's
-      // slice. An inf on any rank reaches every rank's decision, so all skip alike.
-      optimizer_->reduce_gradients(control);
-      if (comm_) {
-        loss = control[0];
-        agreed_stop_ = control[1] > 0;
-        agreed_save_ = control[2] > 0;
-        if (control[3] > 0) {
-          shrink_after_oom();
-          continue;
-        }
-      }
-      if (scaler_) optimizer_->unscale(*scaler_);
-      if (config_.optim.grad_clip > 0) optimizer_->clip_grad_norm(config_.optim.grad_clip);
-      lr_ = learning_rate(config_.optim, config_.schedule, global_step_, total_steps_);
-      if (!optimizer_->step(lr_, scaler_ ? &*scaler_ : nullptr)) ++skipped_steps_;
-      if (scaler_) scaler_->update();
-      if (comm_) {
-        // The whole step's traffic: a sharded step's all-gather comes after the update.
-        const CollectiveStats& after = comm_->stats();
-        metrics_.add_traffic({1, after.all_reduce_calls - before.all_reduce_calls,
-                              after.all_reduce_bytes - before.all_reduce_bytes,
-                              after.moved_bytes(world_) - before.moved_bytes(world_)});
-      }
-      return loss;
-    }
-  }
-
-  /// Test-only (GPURUN_FAULT=hog:after_step:N): holds the capacity the plan left free less
-  /// half of what a step adds to the memory in use, so that the next step runs out for real.
-  void hog_memory() {
-    const int64_t now = session_.meter->current_bytes();
-    // The training steps' part: evaluation's or a capture's larger peak would leave room.
-    const int64_t step_peak =
-        plan_.measured.training > 0 ? plan_.measured.training : plan_.measured_peak_bytes;
-    const int64_t step_adds = std::max<int64_t>(step_peak - now, 2 << 20);
-    const int64_t bytes = session_.meter->capacity_bytes() - now - step_adds / 2;
-    if (bytes > 0) hog_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
-  }
-
-  void shrink_after_oom() {
-    hog_ = at::Tensor();  // a test fault's memory goes with the failure it caused
-    optimizer_->release_gradients();
-    MemoryPlan smaller = halve_micro_batch(plan_);
-    checkpointer_.keep_host_buffers(smaller.measured.checkpoint_buffers > 0);
-    // What the failed attempt cached goes back to the device before the smaller one runs.
-    session_.meter->release_cached();
-    reporter_.end_progress();
-    spdlog::warn(
-        "out of memory at global step {} with micro-batch {}{}; memory back to {}; "
-        "retrying with micro-batch {} x accumulation {}",
-        global_step_, plan_.micro_batch, comm_ ? " (on at least one rank)" : "",
-        format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
-        smaller.accumulation_steps);
-    plan_ = smaller;
-    nlohmann::json plan_event = plan_.to_json();
-    plan_event["global_step"] = global_step_;
-    plan_event["out_of_memory"] = true;  // a fallback, not a start: gpurun report marks it
-    reporter_.event("plan", plan_event);
-  }
-
-  /// Copies rank 0's buffers (BatchNorm's running statistics) to every rank. Each rank updates
-  /// them from its own micro-batches, so they drift apart; the checkpoint holds rank 0's, and
-  /// an evaluation or a final digest on any other statistics would describe a model that was
-  /// never saved. Parameters need nothing: the synced gradients keep them identical.
-  void sync_buffers() {
-    if (!comm_) return;
-    std::vector<at::Tensor> buffers = model_->buffers();
-    if (!buffers.empty()) comm_->broadcast_tensors(buffers);
-  }
-
-  std::pair<double, double> evaluate() {
-    // Rank r evaluates samples r, r + world, ...; the sums are added over the ranks.
-    const int64_t n = data_.eval->size();
-    const EvalSums mine = evaluate_in_batches(
-        *model_, *data_.eval, at::arange(rank_, n, world_, at::kLong), plan_.eval_batch, device_,
-        session_.loss, [this] { reporter_.heartbeat(global_step_); }, session_.precision.precision);
-    double loss_sum = mine.loss_sum, correct = mine.correct, positions = mine.positions;
+void Trainer::run() {
+  try {
+    model_source_ = describe_model_source(config_);
+    checkpointer_.claim_directory();
+    const auto read_start = Clock::now();
+    std::optional<LoadedCheckpoint> loaded = checkpointer_.choose();
+    const double read_seconds = seconds_since(read_start);
+    // The global batch is train.batch_size whatever the plan, so the run's length is known now.
+    steps_per_epoch_ = steps_per_epoch(config_, data_.train->size());
+    total_steps_ = steps_per_epoch_ * config_.train.epochs;
+    // Refused before any probe: planning takes device time, and a refused resume needs none.
+    if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
+    if (!loaded && !config_.model.init_from.empty()) init_from_ = load_init_from(*model_, config_);
+    std::optional<MemoryPlan> saved;
+    if (loaded && loaded->info.manifest.contains("plan"))
+      saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
+    plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
+    checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
+    log_plan(config_, session_, plan_);
+    workers_ =
+        resolve_workers(config_.data.workers, device_.is_cuda(),
+                        std::max(1u, std::thread::hardware_concurrency()), at::get_num_threads());
+    prefetch_ = resolve_prefetch(config_.data.prefetch, workers_);
+    spdlog::info("data: {} loader worker(s){}", workers_,
+                 workers_ ? ", " + std::to_string(prefetch_) + " batches ahead"
+                          : " (batches fetched on the training thread)");
+    optimizer_ = make_step_optimizer(config_.optim,
+                                     resolve_placement(config_, plan_.shard, plan_.offload, world_,
+                                                       session_.precision.precision),
+                                     named_trainable_parameters(*model_), comm_.get(),
+                                     half_dtype(session_.precision.precision));
+    if (session_.precision.precision == Precision::kFp16) scaler_.emplace(device_);
+    // Dropout masks must differ between ranks: each rank > 0 draws from its own stream.
+    if (rank_ > 0) torch::manual_seed(rank_seed());
+    resume_or_start(loaded, read_seconds);
     if (comm_) {
-      const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
-      loss_sum = sums[0];
-      correct = sums[1];
-      positions = sums[2];
+      // As DDP does: every rank starts from rank 0's weights, whatever the model's init does.
+      std::vector<at::Tensor> tensors;
+      for (auto& entry : state_dict(*model_)) tensors.push_back(entry.second);
+      comm_->broadcast_tensors(tensors);
+      // A fresh start's master slice takes rank 0's weights too; a resumed one was loaded.
+      if (optimizer_->flat() && !global_step_) optimizer_->flat()->reload_master_from_parameters();
     }
-    return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
+    started_ = true;
+    reached_step_ = global_step_;
+    reached_epoch_ = epoch_;
+    set_immediate_stop_action([this](int sig) {
+      record_immediate_stop(sig, reached_step_.load(), reached_epoch_.load(), rank_, checkpointer_,
+                            reporter_, options_.ckpt_dir);
+    });
+    // Training starts here: the rates and the ETA count from this moment (the plan event's).
+    metrics_.start(global_step_, total_steps_);
+    // The interval the checkpoint's process had open: the first step event covers the steps
+    // since its last one, as the uninterrupted run's does (step_metrics.h).
+    if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_))
+      spdlog::warn(
+          "the checkpoint's step_interval does not end at its global step {}; the first "
+          "step event covers the resumed steps only",
+          global_step_);
+    const double start_time = unix_seconds();
+    nlohmann::json plan_event = plan_.to_json();
+    plan_event["time"] = start_time;
+    plan_event["global_step"] = global_step_;
+    plan_event["restarts"] = options_.restart_count;
+    reporter_.write_file("config.json", config_to_json(config_).dump(2) + "\n");
+    if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
+    plan_event["data_workers"] = workers_;
+    plan_event["data_prefetch"] = prefetch_;
+    reporter_.event("plan", plan_event);
+    reporter_.status({{"state", "running"},
+                      {"epochs", config_.train.epochs},
+                      {"total_steps", total_steps_},
+                      {"restarts", options_.restart_count}},
+                     true);
+    if (loaded && global_step_ == total_steps_)
+      spdlog::info(
+          "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
+          "the final checkpoint",
+          loaded->info.path, total_steps_, config_.train.epochs);
+    for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
+    checkpointer_.finish(global_step_);  // throws when the final state is not saved
+    if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
+    reporter_.end_progress();
+    spdlog::info("finished: {} epochs, {} optimizer steps, model_digest {}", epoch_, global_step_,
+                 model_digest(*model_));
+    nlohmann::json final_status = where_it_ended();
+    final_status.update({{"state", "finished"}, {"eta_seconds", 0}});
+    reporter_.end_run({{"exit_code", 0}, {"global_step", global_step_}}, final_status);
+  } catch (const std::exception& e) {
+    reporter_.end_progress();
+    // A run refused before it started (directory held, config changed) leaves the metrics
+    // and status of the run that owns the directory as they were.
+    if (!started_) throw;
+    const int code = exit_code_for(e);
+    nlohmann::json final_status = where_it_ended();
+    final_status.update(
+        {{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}});
+    reporter_.end_run({{"exit_code", code}, {"error", e.what()}}, final_status);
+    throw;
   }
+}
 
-  double epoch_mean_loss() const {
-    return epoch_loss_samples_ ? epoch_loss_sum_ / static_cast<double>(epoch_loss_samples_) : 0.0;
+nlohmann::json Trainer::where_it_ended() const {
+  const int64_t epoch = std::max<int64_t>(0, std::min(epoch_, config_.train.epochs - 1));
+  nlohmann::json fields = {{"epoch", epoch}, {"global_step", global_step_}};
+  if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
+  return fields;
+}
+
+uint64_t Trainer::rank_seed() const {
+  return static_cast<uint64_t>(config_.train.seed) + 1000003ULL * static_cast<uint64_t>(rank_);
+}
+
+void Trainer::restore_scaler(const CheckpointMeta& meta, const std::string& path) {
+  if (!scaler_) return;
+  if (meta.extra.contains("grad_scaler")) {
+    scaler_->load_state_dict(meta.extra["grad_scaler"]);
+    skipped_steps_ = meta.extra.value("skipped_steps", int64_t{0});
+    return;
   }
+  spdlog::warn(
+      "{} was trained in {} and holds no gradient scaler state; fp16 starts its "
+      "loss scale afresh at 65536",
+      path, meta.extra.value("precision", std::string("fp32")));
+}
 
-  void after_step(double loss, int64_t window) {
-    metrics_.add(global_step_, loss, window);
-    // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
-    const bool epoch_end = position_ >= data_.train->size();
-    if (global_step_ % config_.log.every_steps != 0) {
-      reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs, epoch_mean_loss()),
-                         epoch_end);
-      return;
+void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double read_seconds) {
+  if (!options_.resume) {
+    spdlog::info("starting a new run in {}", options_.ckpt_dir);
+    return;
+  }
+  if (!loaded) {
+    spdlog::info("--resume: no checkpoint in {}; starting fresh", options_.ckpt_dir);
+    return;
+  }
+  session_.meter->reset_peak();
+  const auto restore_start = Clock::now();
+  bool rng_restored = false;
+  for (;;) {
+    try {
+      rng_restored = restore_state(*loaded, *model_, *optimizer_, rank_);
+      break;
+    } catch (const DamagedCheckpointError& e) {
+      loaded = checkpointer_.fall_back(*loaded, e.what());
+      if (!loaded) throw ResumeError(std::string(e.what()) + "; no other checkpoint is left");
+      check_resumable(config_, *loaded, steps_per_epoch_);
     }
-    const StepMetrics::Interval interval = metrics_.close_interval();
+  }
+  const double restore_seconds = seconds_since(restore_start);
+  const CheckpointMeta& meta = loaded->meta;
+  const int64_t load_peak = session_.meter->peak_bytes();
+  log_resume_differences(
+      *loaded, config_,
+      {session_.precision, model_source_, rank_, world_, rng_restored, steps_per_epoch_});
+  epoch_ = meta.epoch;
+  global_step_ = meta.global_step;
+  position_ = meta.position_in_epoch;
+  epoch_loss_sum_ = meta.extra.value("epoch_loss_sum", 0.0);
+  epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
+  carried_interval_ = meta.extra.value("step_interval", nlohmann::json());
+  if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
+  restore_scaler(meta, loaded->info.path);
+  checkpointer_.resumed_from(loaded->info.path, global_step_);
+  reporter_.status({{"last_checkpoint", loaded->info.path}});
+  spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
+               loaded->info.path, epoch_, global_step_, position_);
+  reporter_.event("resume", {{"path", loaded->info.path},
+                             {"peak_bytes", load_peak},
+                             {"bytes", loaded->info.bytes},
+                             {"read_seconds", read_seconds},
+                             {"restore_seconds", restore_seconds},
+                             {"epoch", epoch_},
+                             {"global_step", global_step_},
+                             {"position_in_epoch", position_}});
+}
+
+void Trainer::run_epoch() {
+  const int64_t n = data_.train->size();
+  order_ = epoch_permutation(n, config_.train.seed, epoch_);
+  model_->train();
+  auto epoch_start = Clock::now();
+  peaks_.restart(&MeasuredPeaks::training);
+  // A resumed epoch continues the sums its checkpoint saved, so its train loss is that of the
+  // whole epoch, as without the interruption.
+  if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
+  stop_if_signalled();
+  open_loader();
+  while (position_ < n) {
+    const int64_t window = std::min(plan_.global_batch, n - position_);
+    const at::Tensor shard = rank_shard(order_.narrow(0, position_, window), rank_, world_);
+    const double loss = optimizer_step(shard, window);
+    trace_.record(global_step_, epoch_, shard);
+    position_ += window;
+    ++global_step_;
+    reached_step_ = global_step_;
+    reached_epoch_ = epoch_;
+    epoch_loss_sum_ += loss * window;
+    epoch_loss_samples_ += window;
+    fault_point("after_step", global_step_);
+    if (fault_fires("hog", "after_step", global_step_)) hog_memory();
+    reporter_.heartbeat(global_step_);
+    checkpointer_.report_finished();
+    after_step(loss, window);
+    if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
+    registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
+    stop_if_signalled(agreed_stop_);
+  }
+  loader_.reset();
+  sync_buffers();
+  peaks_.enter(&MeasuredPeaks::evaluation);
+  const auto [eval_loss, eval_accuracy] = evaluate();
+  peaks_.enter(nullptr);
+  const double seconds = seconds_since(epoch_start);
+  const double train_loss = epoch_mean_loss();
+  spdlog::info("epoch {}/{}: train loss {:.4f}, eval loss {:.4f}, eval accuracy {:.4f} ({:.1f} s)",
+               epoch_ + 1, config_.train.epochs, train_loss, eval_loss, eval_accuracy, seconds);
+  // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
+  if (rank_ == 0)
+    registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
+  save("epoch", epoch_ + 1, 0);
+  // After the epoch's own save, so that its peak covers every part the plan fitted.
+  const MeasuredPeaks peaks = peaks_.peaks();
+  reporter_.event("epoch", {{"epoch", epoch_},
+                            {"global_step", global_step_},
+                            {"train_loss", train_loss},
+                            {"eval_loss", eval_loss},
+                            {"eval_accuracy", eval_accuracy},
+                            {"peak_bytes", peaks.largest()},
+                            {"eval_data_wait_seconds", eval_wait_seconds_},
+                            {"measured_peaks", peaks.to_json()},
+                            {"seconds", seconds}});
+  stop_if_signalled();
+}
+
+void Trainer::after_step(double loss, int64_t window) {
+  metrics_.add(global_step_, loss, window);
+  metrics_.add_data_wait(data_wait_seconds_);
+  data_wait_seconds_ = 0;
+  // An epoch's last step is drawn whatever the throttle: the line stays during evaluation.
+  const bool epoch_end = position_ >= data_.train->size();
+  if (global_step_ % config_.log.every_steps != 0) {
     reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs, epoch_mean_loss()),
                        epoch_end);
-    const double eta = metrics_.eta_seconds();
-    nlohmann::json fields = interval.event_fields(world_);
-    fields.update(
-        {{"epoch", epoch_}, {"global_step", global_step_}, {"lr", lr_}, {"eta_seconds", eta}});
-    if (scaler_) {
-      fields["loss_scale"] = scaler_->scale_value();
-      fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
-    }
-    reporter_.event("step", fields);
-    reporter_.status({{"epoch", epoch_},
-                      {"global_step", global_step_},
-                      {"loss", interval.mean_loss},
-                      {"samples_per_second", interval.samples_per_second},
-                      {"eta_seconds", eta}});
+    return;
   }
-
-  bool due_for_checkpoint() const {
-    const auto& c = config_.checkpoint;
-    if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
-    // Clocks differ between ranks: rank 0's decides, carried by the gradient sync.
-    return comm_ ? agreed_save_ : checkpointer_.minutes_due();
+  const StepMetrics::Interval interval = metrics_.close_interval();
+  reporter_.progress(metrics_.progress_line(epoch_, config_.train.epochs, epoch_mean_loss()),
+                     epoch_end);
+  const double eta = metrics_.eta_seconds();
+  nlohmann::json fields = interval.event_fields(world_);
+  fields.update(
+      {{"epoch", epoch_}, {"global_step", global_step_}, {"lr", lr_}, {"eta_seconds", eta}});
+  if (scaler_) {
+    fields["loss_scale"] = scaler_->scale_value();
+    fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
   }
+  reporter_.event("step", fields);
+  reporter_.status({{"epoch", epoch_},
+                    {"global_step", global_step_},
+                    {"loss", interval.mean_loss},
+                    {"samples_per_second", interval.samples_per_second},
+                    {"eta_seconds", eta}});
+}
 
-  /// Saves the state after global_step_; `epoch` and `position` say where training continues.
-  void save(const std::string& reason, int64_t epoch, int64_t position) {
-    CheckpointMeta meta;
-    meta.epoch = epoch;
-    meta.global_step = global_step_;
-    meta.position_in_epoch = position;
-    meta.world_size = world_;
-    meta.config_hash = config_hash(config_);
-    meta.config = config_to_json(config_);
-    meta.plan = plan_.to_json();
-    meta.extra = {{"reason", reason},
-                  {"device", device_.str()},
-                  // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
-                  {"deterministic", !device_.is_cuda() || config_.train.deterministic},
-                  {"precision", precision_name(session_.precision.precision)}};
-    if (scaler_) {
-      meta.extra["grad_scaler"] = scaler_->state_dict();
-      meta.extra["skipped_steps"] = skipped_steps_;
-    }
-    // The step events' open interval, so that a resume logs what the uninterrupted run would.
-    meta.extra["step_interval"] = metrics_.interval_state();
-    if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
-    if (position > 0) {
-      meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
-      meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
-    }
-    if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
-    // Decodes the model's outputs without the data (e.g. a text model's characters).
-    if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
-    const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
-    checkpointer_.save(std::move(meta), *model_, *optimizer_);
-    peaks_.enter(was);
+bool Trainer::due_for_checkpoint() const {
+  const auto& c = config_.checkpoint;
+  if (c.every_steps > 0 && global_step_ % c.every_steps == 0) return true;
+  // Clocks differ between ranks: rank 0's decides, carried by the gradient sync.
+  return comm_ ? agreed_save_ : checkpointer_.minutes_due();
+}
+
+void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
+  CheckpointMeta meta;
+  meta.epoch = epoch;
+  meta.global_step = global_step_;
+  meta.position_in_epoch = position;
+  meta.world_size = world_;
+  meta.config_hash = config_hash(config_);
+  meta.config = config_to_json(config_);
+  meta.plan = plan_.to_json();
+  meta.extra = {{"reason", reason},
+                {"device", device_.str()},
+                // On the CPU always; on CUDA only with deterministic cuBLAS and cuDNN.
+                {"deterministic", !device_.is_cuda() || config_.train.deterministic},
+                {"precision", precision_name(session_.precision.precision)}};
+  if (scaler_) {
+    meta.extra["grad_scaler"] = scaler_->state_dict();
+    meta.extra["skipped_steps"] = skipped_steps_;
   }
-
-  /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
-  /// then throw Stopped (exit 75). With several ranks they stop together when any rank got
-  /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
-  /// small all-reduce decides; every rank waits at a barrier until rank 0's checkpoint is
-  /// complete, so that the job's exit 75 means the checkpoint is there.
-  void stop_if_signalled(std::optional<bool> agreed = std::nullopt) {
-    int sig = stop_signal();
-    if (comm_) {
-      const bool stop =
-          agreed ? *agreed
-                 : comm_->all_reduce({sig != 0 ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
-      if (!stop) return;
-      if (!sig) sig = SIGTERM;  // another rank's signal
-    }
-    if (!sig) return;
-    reporter_.end_progress();
-    const auto signalled = Clock::now();
-    spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
-    reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
-    if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
-    checkpointer_.drain();
-    // What the grace time leaves after the local save goes to the network copy.
-    checkpointer_.settle_tiers(config_.checkpoint.grace_seconds - seconds_since(signalled));
-    if (rank_ == 0) spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
-    if (comm_) comm_->barrier();
-    throw Stopped(sig);
+  // The step events' open interval, so that a resume logs what the uninterrupted run would.
+  meta.extra["step_interval"] = metrics_.interval_state();
+  if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
+  if (position > 0) {
+    meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
+    meta.extra["epoch_loss_samples"] = epoch_loss_samples_;
   }
+  if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
+  // Decodes the model's outputs without the data (e.g. a text model's characters).
+  if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
+  const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
+  checkpointer_.save(std::move(meta), *model_, *optimizer_);
+  peaks_.enter(was);
+}
 
-  const RunConfig& config_;
-  const RunOptions& options_;
-  const Registry& registry_;
-  std::unique_ptr<Collectives> comm_;  ///< null for a single process
-  const int rank_, world_;
-  Session session_;
-  const c10::Device device_;
-  const DatasetSplits& data_;
-  std::shared_ptr<SegmentedModel> model_;
-  nlohmann::json model_source_;  ///< plugin or TorchScript file, recorded in every manifest
-  Reporter reporter_;
-  Checkpointer checkpointer_;
-  SampleTrace trace_;
-  PeakParts peaks_;                                 ///< this epoch's peak of each part
-  bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
-  double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
-  int64_t epoch_loss_samples_ = 0;
-  nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
-  at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
-  std::unique_ptr<StepOptimizer> optimizer_;
-  std::optional<GradScaler> scaler_;  ///< fp16 only
-  int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
-  nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
-  MemoryPlan plan_;
-  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
-  int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
-  /// global_step_ and epoch_ after the last step, for the immediate-stop thread.
-  std::atomic<int64_t> reached_step_{0}, reached_epoch_{0};
-  bool started_ = false;  ///< past the lease, directory and resume checks
-  double lr_ = 0;
-  StepMetrics metrics_;
-};
+void Trainer::stop_if_signalled(std::optional<bool> agreed) {
+  int sig = stop_signal();
+  if (comm_) {
+    const bool stop =
+        agreed ? *agreed : comm_->all_reduce({sig != 0 ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
+    if (!stop) return;
+    if (!sig) sig = SIGTERM;  // another rank's signal
+  }
+  if (!sig) return;
+  reporter_.end_progress();
+  const auto signalled = Clock::now();
+  spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
+  reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
+  if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
+  checkpointer_.drain();
+  // What the grace time leaves after the local save goes to the network copy.
+  checkpointer_.settle_tiers(config_.checkpoint.grace_seconds - seconds_since(signalled));
+  if (rank_ == 0) spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
+  if (comm_) comm_->barrier();
+  throw Stopped(sig);
+}
 
-}  // namespace
+}  // namespace detail
 
 std::string run_dir_or_default(const RunOptions& options) {
   return options.run_dir.empty() ? options.ckpt_dir : options.run_dir;
@@ -600,7 +412,7 @@ void train(const RunConfig& config, const RunOptions& options, const Registry& r
     const c10::Device device = select_device(options.device, d.local_rank);
     comm = Collectives::connect(d, device, config.distributed.timeout);
   }
-  Trainer(config, options, registry, std::move(comm)).run();
+  detail::Trainer(config, options, registry, std::move(comm)).run();
 }
 
 }  // namespace gpurun

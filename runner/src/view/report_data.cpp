@@ -92,6 +92,10 @@ json run_charts(const Analysis& a) {
   charts.push_back(chart("throughput", "Throughput", "minutes",
                          "minutes since the run's first event", "samples/s",
                          {a.throughput.to_json()}));
+  // Beside the throughput, on its axis: the seconds of each step the training thread waited
+  // for its batches (data/loader.h); near 0 when the loader keeps up.
+  charts.push_back(chart("data_wait", "Data wait", "minutes", "minutes since the run's first event",
+                         "seconds per optimizer step", {a.data_wait.to_json()}));
   charts.push_back(chart("memory", "Peak memory against capacity", "step", "global step",
                          unit + (logarithmic ? " (logarithmic)" : ""),
                          {a.epoch_peak.to_json(scale), a.plan_peak.to_json(scale),
@@ -295,7 +299,7 @@ json notes_of(const RunHistory& run, const Analysis& a) {
         fmt::format("{} line(s) of metrics.jsonl do not parse and were skipped (the "
                     "first: line {})",
                     run.unreadable_lines.size(), run.unreadable_lines.front()));
-  for (const Series* s : {&a.train_loss, &a.lr, &a.throughput, &a.stall, &a.write})
+  for (const Series* s : {&a.train_loss, &a.lr, &a.throughput, &a.data_wait, &a.stall, &a.write})
     if (s->thinned())
       notes.push_back(fmt::format(
           "{}: {} points logged, {} drawn (each stretch of consecutive points keeps its lowest "

@@ -128,8 +128,8 @@ Analysis analyse(const std::vector<json>& events) {
         s->drop_after(start);
       restarts = std::max(restarts, process_restarts);
       // No line across the time between two processes: a NaN point is a gap on the page.
-      if (a.processes > 0 && !a.throughput.points.empty())
-        a.throughput.add(a.minutes(time), std::nan(""), start);
+      for (Series* s : {&a.throughput, &a.data_wait})
+        if (a.processes > 0 && !s->points.empty()) s->add(a.minutes(time), std::nan(""), start);
       ++a.processes;
       process_ended = false;
       resume = json();
@@ -156,6 +156,7 @@ Analysis analyse(const std::vector<json>& events) {
         a.diverged_at = step;  // NaN or infinity, which JSON writes as null
       if (auto v = number(e, "lr")) a.lr.add(static_cast<double>(step), *v, step);
       if (auto v = number(e, "samples_per_second")) a.throughput.add(a.minutes(time), *v, step);
+      if (auto v = number(e, "data_wait_seconds")) a.data_wait.add(a.minutes(time), *v, step);
     } else if (name == "epoch") {
       a.last_epoch = e;
       const double x = static_cast<double>(step);
