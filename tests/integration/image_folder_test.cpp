@@ -77,6 +77,7 @@ class ImageFolderRun : public ::testing::Test {
                             data_->path() + "/train, eval_path: " + data_->path() +
                             "/test, image_size: 28, channels: 1, augment: none}\n"
                             "optim: {name: adam, lr: 0.002}\n"
+                            "schedule: {name: cosine, warmup_steps: 100}\n"
                             "train: {epochs: 1, batch_size: 64, eval_batch_size: 500, seed: 1, "
                             "threads: 2}\n"
                             "log: {every_steps: 20}\n" +
@@ -166,7 +167,11 @@ TEST_F(ImageFolderRun, BadFoldersAndFilesExitTwoNamingThemWithNothingUnderCkpt) 
       << r.err;
   EXPECT_TRUE(untouched("empty"));
   // Evaluation classes other than training's.
-  r = run("classes", "path: " + text + ", eval_path: " + empty + ", skip_bad: true");
+  const std::string more = small_folder(data_->path() + "/train", dir_ / "more");
+  stdfs::create_directories(more + "/2_pullover");
+  const stdfs::path pullover = *stdfs::directory_iterator(data_->path() + "/train/2_pullover");
+  stdfs::copy_file(pullover, more + "/2_pullover/" + pullover.filename().string());
+  r = run("classes", "path: " + text + ", eval_path: " + more + ", skip_bad: true");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "only in data.eval_path: 2_pullover")) << r.err;
   EXPECT_TRUE(untouched("classes"));
