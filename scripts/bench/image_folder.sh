@@ -28,6 +28,10 @@ if ! "$venv/bin/python" -c "import torchvision" 2>/dev/null; then
   "$venv/bin/pip" install -q pillow
 fi
 # The decoders compared on one image first (the choice's measurement: image_decode.cpp).
+# libspng is a candidate only, not a dependency of gpurun: installed here for the comparison.
+if ! pkg-config --exists spng; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libspng-dev >/dev/null
+fi
 decode=$(mktemp)
 g++ -O2 -o "$decode" scripts/bench/image_decode.cpp $(pkg-config --cflags --libs libturbojpeg libpng spng) -ljpeg
 "$decode"
