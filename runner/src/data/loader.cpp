@@ -49,34 +49,56 @@ at::Tensor rank_shard(const at::Tensor& window, int rank, int world) {
   return window.slice(0, rank, window.numel(), world).contiguous();
 }
 
-std::vector<BatchRequest> epoch_requests(const at::Tensor& order, int64_t position,
-                                         int64_t global_batch, int64_t micro_batch, int rank,
-                                         int world, int64_t seed, int64_t epoch) {
-  const int64_t n = order.numel();
-  const at::Tensor all_positions = at::arange(n, at::kLong);
-  std::vector<BatchRequest> requests;
-  for (; position < n; position += global_batch) {
-    const int64_t window = std::min(global_batch, n - position);
-    const at::Tensor shard = rank_shard(order.narrow(0, position, window), rank, world);
-    const at::Tensor positions = rank_shard(all_positions.narrow(0, position, window), rank, world);
-    for (int64_t start = 0; start < shard.numel(); start += micro_batch) {
-      const int64_t count = std::min(micro_batch, shard.numel() - start);
-      requests.push_back({shard.narrow(0, start, count),
-                          BatchContext{seed, epoch, positions.narrow(0, start, count)}});
-    }
-  }
-  return requests;
+BatchRequests::BatchRequests(int64_t size, std::function<BatchRequest(int64_t)> make)
+    : size_(size), make_(std::move(make)) {}
+
+BatchRequest BatchRequests::operator[](int64_t k) const {
+  if (k < 0 || k >= size_)
+    throw std::out_of_range("batch request " + std::to_string(k) + " of " + std::to_string(size_));
+  return make_(k);
 }
 
-std::vector<BatchRequest> eval_requests(const at::Tensor& indices, int64_t eval_batch,
-                                        int64_t seed) {
-  std::vector<BatchRequest> requests;
-  for (int64_t start = 0; start < indices.numel(); start += eval_batch) {
+BatchRequests epoch_requests(const at::Tensor& order, int64_t position, int64_t global_batch,
+                             int64_t micro_batch, int rank, int world, int64_t seed,
+                             int64_t epoch) {
+  if (global_batch < 1 || micro_batch < 1)
+    throw std::invalid_argument("epoch_requests: global batch " + std::to_string(global_batch) +
+                                ", micro-batch " + std::to_string(micro_batch));
+  const int64_t n = order.numel();
+  // Micro-batches of a window of `window` samples: rank_shard() takes samples rank, rank +
+  // world, ... of it.
+  const auto chunks_of = [=](int64_t window) {
+    const int64_t mine =
+        world <= 1 ? window : (window > rank ? (window - rank + world - 1) / world : 0);
+    return (mine + micro_batch - 1) / micro_batch;
+  };
+  const int64_t remaining = std::max<int64_t>(0, n - position);
+  const int64_t full = remaining / global_batch, tail = remaining % global_batch;
+  const int64_t per_full = chunks_of(global_batch);
+  const int64_t count = full * per_full + (tail > 0 ? chunks_of(tail) : 0);
+  return BatchRequests(count, [=](int64_t k) {
+    const int64_t w = per_full > 0 ? std::min(k / per_full, full) : full;
+    const int64_t start = position + w * global_batch;
+    const int64_t window = std::min(global_batch, n - start);
+    const at::Tensor shard = rank_shard(order.narrow(0, start, window), rank, world);
+    const at::Tensor positions =
+        rank_shard(at::arange(start, start + window, at::kLong), rank, world);
+    const int64_t first = (k - w * per_full) * micro_batch;
+    const int64_t size = std::min(micro_batch, shard.numel() - first);
+    return BatchRequest{shard.narrow(0, first, size),
+                        BatchContext{seed, epoch, positions.narrow(0, first, size)}};
+  });
+}
+
+BatchRequests eval_requests(const at::Tensor& indices, int64_t eval_batch, int64_t seed) {
+  if (eval_batch < 1)
+    throw std::invalid_argument("eval_requests: eval batch " + std::to_string(eval_batch));
+  const int64_t n = indices.numel();
+  return BatchRequests((n + eval_batch - 1) / eval_batch, [=](int64_t k) {
     const at::Tensor chunk =
-        indices.narrow(0, start, std::min(eval_batch, indices.numel() - start));
-    requests.push_back({chunk, BatchContext{seed, -1, chunk}});
-  }
-  return requests;
+        indices.narrow(0, k * eval_batch, std::min(eval_batch, n - k * eval_batch));
+    return BatchRequest{chunk, BatchContext{seed, -1, chunk}};
+  });
 }
 
 int64_t resolve_workers(int64_t configured, bool cuda, int64_t cores, int64_t intra_op_threads) {
@@ -132,7 +154,7 @@ struct BatchLoader::DeviceCopy {
 struct BatchLoader::DeviceCopy {};
 #endif
 
-BatchLoader::BatchLoader(const Dataset& data, std::vector<BatchRequest> requests, Options options)
+BatchLoader::BatchLoader(const Dataset& data, BatchRequests requests, Options options)
     : data_(data), requests_(std::move(requests)), options_(std::move(options)) {
   if (options_.workers <= 0 || requests_.empty()) return;
 #ifdef GPURUN_WITH_CUDA
@@ -162,7 +184,7 @@ BatchLoader::~BatchLoader() {
 }
 
 BatchLoader::Slot BatchLoader::fetch(int64_t k) const {
-  const BatchRequest& request = requests_[k];
+  const BatchRequest request = requests_[k];
   Slot slot;
   try {
     slot.batch = data_.get_batch(request.indices, request.context);

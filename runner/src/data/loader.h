@@ -39,6 +39,44 @@ struct BatchRequest {
   BatchContext context;
 };
 
+/// The batches of a pass, each made when it is asked for. An epoch of a large data set has
+/// millions of micro-batches (a 10 GB token file: 300 000 at 16 windows of 1024), and a list of
+/// them would grow with the data set (each request holds tensors of about 0.5 KB), so a pass
+/// holds the rule and the shared order, never the list. Copies are cheap and share the order;
+/// operator[] is safe from several threads at once.
+class BatchRequests {
+ public:
+  BatchRequests() = default;
+  /// `size` requests; `make(k)` gives request k in [0, size).
+  BatchRequests(int64_t size, std::function<BatchRequest(int64_t)> make);
+  size_t size() const { return static_cast<size_t>(size_); }
+  bool empty() const { return size_ == 0; }
+  /// Request `k`. Throws std::out_of_range outside [0, size()).
+  BatchRequest operator[](int64_t k) const;
+
+  /// Requests in order, by value (range-for).
+  class Iterator {
+   public:
+    Iterator(const BatchRequests* requests, int64_t k) : requests_(requests), k_(k) {}
+    BatchRequest operator*() const { return (*requests_)[k_]; }
+    Iterator& operator++() {
+      ++k_;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return k_ != other.k_; }
+
+   private:
+    const BatchRequests* requests_;
+    int64_t k_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size_}; }
+
+ private:
+  int64_t size_ = 0;
+  std::function<BatchRequest(int64_t)> make_;
+};
+
 /// Rank `rank` of `world`'s part of an optimizer step's window (int64 [W]): samples rank,
 /// rank + world, ... of it, disjoint shards that cover the window whatever its size (the short
 /// last one included), so that no sample is padded or dropped and a resume with another world
@@ -49,14 +87,13 @@ at::Tensor rank_shard(const at::Tensor& window, int rank, int world);
 /// them: from `position` on, optimizer steps of `global_batch` samples of `order` (the epoch's
 /// permutation, int64 [N]; the last window shorter), each step's rank_shard() cut into chunks of
 /// at most `micro_batch`. Contexts carry `seed`, `epoch` and each sample's position in `order`.
-std::vector<BatchRequest> epoch_requests(const at::Tensor& order, int64_t position,
-                                         int64_t global_batch, int64_t micro_batch, int rank,
-                                         int world, int64_t seed, int64_t epoch);
+/// Throws std::invalid_argument for a global_batch or micro_batch below 1.
+BatchRequests epoch_requests(const at::Tensor& order, int64_t position, int64_t global_batch,
+                             int64_t micro_batch, int rank, int world, int64_t seed, int64_t epoch);
 
 /// Evaluation's batches: `indices` (int64) in chunks of at most `eval_batch`, each with the
 /// evaluation context (epoch -1; positions: the indices themselves).
-std::vector<BatchRequest> eval_requests(const at::Tensor& indices, int64_t eval_batch,
-                                        int64_t seed);
+BatchRequests eval_requests(const at::Tensor& indices, int64_t eval_batch, int64_t seed);
 
 /// data.workers resolved: a count as it is; `auto` (kAutoCount) the cores left beside
 /// training, between 1 and 4. On a CUDA device the training thread mostly waits for kernels,
@@ -96,7 +133,7 @@ class BatchLoader {
     std::function<bool()> stop_requested;
   };
 
-  BatchLoader(const Dataset& data, std::vector<BatchRequest> requests, Options options);
+  BatchLoader(const Dataset& data, BatchRequests requests, Options options);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -131,7 +168,7 @@ class BatchLoader {
   Batch deliver(Slot slot, int64_t k);
 
   const Dataset& data_;
-  const std::vector<BatchRequest> requests_;
+  const BatchRequests requests_;
   const Options options_;
   int64_t next_ = 0;  ///< the request next() returns next
   double wait_seconds_ = 0;

@@ -7,6 +7,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full_like.h>
+#include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 
 #include <atomic>
@@ -74,6 +75,40 @@ TEST(Loader, EpochRequestsWalkEachRanksShardFromThePosition) {
   const auto tail = epoch_requests(order, 90, 16, 4, 0, 1, 5, 2);
   ASSERT_EQ(tail.size(), 3u);
   EXPECT_EQ(tail[2].indices.numel(), 2);
+}
+
+// The requests are made when asked for (an epoch of a large token file has millions): each
+// equals the window-by-window cut of the epoch, for every rank, world, micro-batch and
+// position, short last windows and ranks past a short window's end included.
+TEST(Loader, EpochRequestsAreTheWindowsCutOneByOneWhateverTheShape) {
+  const at::Tensor order = at::randperm(103, at::kLong);
+  for (const int world : {1, 2, 3, 5})
+    for (int rank = 0; rank < world; ++rank)
+      for (const int64_t global : {1, 4, 7, 16})
+        for (const int64_t micro : {1, 3, 16})
+          for (const int64_t position : {0, 5, 100, 103}) {
+            std::vector<at::Tensor> expected;
+            for (int64_t p = position; p < 103; p += global) {
+              const int64_t w = std::min<int64_t>(global, 103 - p);
+              const at::Tensor shard = rank_shard(order.narrow(0, p, w), rank, world);
+              for (int64_t s = 0; s < shard.numel(); s += micro)
+                expected.push_back(shard.narrow(0, s, std::min(micro, shard.numel() - s)));
+            }
+            const BatchRequests requests =
+                epoch_requests(order, position, global, micro, rank, world, 7, 1);
+            ASSERT_EQ(requests.size(), expected.size())
+                << rank << "/" << world << " " << global << " " << micro << " " << position;
+            for (size_t k = 0; k < expected.size(); ++k) {
+              const BatchRequest r = requests[static_cast<int64_t>(k)];
+              ASSERT_TRUE(at::equal(r.indices, expected[k])) << k;
+              // The positions of those samples in the epoch's permutation.
+              for (int64_t i = 0; i < r.indices.numel(); ++i)
+                ASSERT_EQ(order[r.context.positions[i].item<int64_t>()].item<int64_t>(),
+                          r.indices[i].item<int64_t>());
+            }
+          }
+  EXPECT_THROW(epoch_requests(order, 0, 16, 4, 0, 1, 0, 0)[26], std::out_of_range);
+  EXPECT_THROW(epoch_requests(order, 0, 0, 4, 0, 1, 0, 0), std::invalid_argument);
 }
 
 TEST(Loader, AutoWorkersAreTheCoresLeftBesideTrainingBetween1And4) {
