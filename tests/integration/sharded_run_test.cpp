@@ -168,8 +168,7 @@ TEST(Sharded, AutoShardsARunThatFitsNoOtherWayUnderAMemoryLimit) {
   Result sharded =
       run_gpurun(ranks({config, "--ckpt", dir / "auto", "--memory-limit", "36MiB"}, 4, "auto"));
   ASSERT_EQ(sharded.exit_code, 0) << sharded.err;
-  // The least sharding that fits: optimizer (28.44 MiB a rank by the estimate).
-  EXPECT_TRUE(contains(sharded.err, "optimizer placement: optimizer over 4 ranks")) << sharded.err;
+  EXPECT_TRUE(contains(sharded.err, "optimizer placement: gradients over 4 ranks")) << sharded.err;
   EXPECT_EQ(inspect(dir / "auto").value("global_step", -1), 10);
   // The measured peak of every part stays under the limit.
   for (const auto& epoch : events(dir / "auto", "epoch"))
@@ -180,13 +179,16 @@ TEST(Sharded, AutoShardsARunThatFitsNoOtherWayUnderAMemoryLimit) {
 // same placement within 10% for 1, 2 and 4 ranks sharded (1 rank: replicated, as the info line
 // says), both the planner's probe of one step (the plan event's measured_peaks.training) and
 // the run's own steps (the epoch event's), and falls as the ranks grow. The estimate counts a
-// training step; the checkpoint buffers kept between saves are measured apart.
+// training step; the checkpoint buffers kept between saves are measured apart. Context 128
+// makes the backward pass the peak at every N: the update's own peak on this small a model
+// depends on when Gloo frees its copy (7.0 or 8.4 MB at 4 ranks), and the estimate takes the
+// larger.
 TEST(Sharded, EachRanksPeakOnTheGptMatchesTheEstimateWithinTenPercent) {
   TempDir dir;
   const std::string config =
       write_config(dir,
                    "model: {name: gpt, layers: 2, width: 128, heads: 4}\n"
-                   "data: {name: text, path: /usr/local/share/gpurun/kjv.txt, context: 32, "
+                   "data: {name: text, path: /usr/local/share/gpurun/kjv.txt, context: 128, "
                    "train_samples: 96, eval_samples: 16}\n"
                    "optim: {name: adamw, lr: 0.001}\n"
                    "train: {epochs: 1, batch_size: 16, threads: 1, eval_batch_size: 16}\n"
