@@ -135,13 +135,18 @@ void FlatOptimizer::reduce_gradients(std::vector<double>& control) {
   at::NoGradGuard no_grad;
   ensure_gradient_buffer();  // a rank that ran out of memory contributes zeros
   const int64_t n = layout_.world_size(), s = layout_.shard_numel();
-  // From the reduce to the end of the update only: during the backward passes, the
-  // activations' time, it takes no memory.
-  grad_slice_ = at::empty({s}, params_.options().dtype(at::kFloat));
   if (comm_ && !control.empty()) control = comm_->all_reduce(control, StepCollectives::Op::kSum);
-  if (!comm_) {
-    grad_slice_.copy_(grads_.narrow(0, rank_ * s, s));
+  if (!comm_ && grads_.scalar_type() == at::kFloat) {
+    // One process with fp32 gradients: the slice is the gradient buffer itself. A copy would
+    // cost a buffer of the model's size every step (on the CPU, its page faults too: 64 ms
+    // against 15 ms for the update itself, 19 M parameters).
+    grad_slice_ = grads_.narrow(0, rank_ * s, s);
+  } else if (!comm_) {
+    grad_slice_ = grads_.narrow(0, rank_ * s, s).to(at::kFloat);
   } else {
+    // From the reduce to the end of the update only: during the backward passes, the
+    // activations' time, it takes no memory.
+    grad_slice_ = at::empty({s}, params_.options().dtype(at::kFloat));
     // Column buckets of the [N, S] view: bucket k is every rank's elements [k c, (k + 1) c)
     // of its slice, summed in fp32 into this rank's grad_slice_[k c, (k + 1) c). A bucket
     // bounds the temporaries, ours and the backend's (Gloo copies its input), as DDP's do.
