@@ -72,7 +72,11 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   const std::string queue = seeds_queue(dir, config, "1, 2, 3");
   const std::string qdir = dir / "q";
   const std::vector<std::string> args{"queue", queue, "--dir", qdir};
-  const pid_t pid = start_gpurun(args, dir / "first", kSlow);
+  // 80 ms a step: seed-2's last two epochs take 3.2 s, in which the checks below and the kill
+  // must fall (at kSlow's 20 ms they took 0.8 s, and a loaded machine once let seed-2 finish
+  // first); it still writes an event every step, which the wall time below counts up to.
+  const Env slower{{"GPURUN_FAULT", "sleep80:after_step:*"}};
+  const pid_t pid = start_gpurun(args, dir / "first", slower);
   // The second run's first checkpoint (end of its first epoch), then the whole group.
   ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-2", pid, "", 120));
   ASSERT_EQ(run_record(qdir, "seed-1").value("state", ""), "finished");

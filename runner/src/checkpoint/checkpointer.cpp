@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/folder.h"
 #include "checkpoint/interval.h"
 #include "checkpoint/lease.h"
 #include "checkpoint/state_copy.h"
@@ -32,13 +33,6 @@ namespace gpurun {
 namespace {
 namespace stdfs = std::filesystem;
 
-// The newest complete checkpoint's step by the manifests' sizes (no checksums), -1: none.
-int64_t newest_step(const CheckpointView& view) {
-  const std::vector<CheckpointInfo> infos = view.list(/*verify=*/false);
-  const CheckpointInfo* newest = CheckpointView::newest_complete(infos);
-  return newest ? newest->global_step : -1;
-}
-
 // How long a stop or the end of a run waits for the network tier to be listed.
 constexpr double kNetworkListSeconds = 0.5;
 
@@ -47,15 +41,12 @@ constexpr double kNetworkListSeconds = 0.5;
 std::optional<int64_t> network_newest_step(const std::string& dir) {
   try {
     return call_within<int64_t>(kNetworkListSeconds,
-                                [dir] { return newest_step(CheckpointView(dir)); });
+                                [dir] { return CheckpointView(dir).newest_complete_step(); });
   } catch (const std::exception&) {
     return std::nullopt;
   }
 }
 
-std::string folder_name(const std::string& path) {
-  return stdfs::path(path).lexically_normal().filename().string();
-}
 }  // namespace
 
 std::string Checkpointer::local_tier_dir(const RunConfig& config, const std::string& ckpt_dir) {
@@ -140,91 +131,6 @@ void Checkpointer::claim_directory() {
                       " holds checkpoints of an earlier run with --ckpt " + options_.ckpt_dir +
                       " (" + local_->list(false).back().name +
                       "); continue them with --resume, or remove that folder to start fresh");
-}
-
-std::vector<std::string> Checkpointer::tier_dirs() const {
-  std::vector<std::string> dirs{store_.dir()};
-  if (local_) dirs.push_back(local_->dir());
-  return dirs;
-}
-
-std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) {
-  const int64_t local_step = newest_step(local_->view()), network_step = newest_step(store_.view());
-  // The newer tier first, the local one on a tie; the other only when the first falls back
-  // (past damaged checkpoints, which each tier sets aside on its own) to an older step.
-  CheckpointStore* order[2] = {local_.get(), &store_};
-  int64_t steps[2] = {local_step, network_step};
-  if (network_step > local_step) {
-    std::swap(order[0], order[1]);
-    std::swap(steps[0], steps[1]);
-  }
-  std::optional<LoadedCheckpoint> best;
-  std::string errors;
-  for (int i = 0; i < 2; ++i) {
-    if (best && best->meta.global_step >= steps[i]) break;
-    try {
-      std::optional<LoadedCheckpoint> loaded = order[i]->load_latest(verify);
-      if (loaded && (!best || loaded->meta.global_step > best->meta.global_step))
-        best = std::move(loaded);
-    } catch (const ResumeError& e) {
-      spdlog::warn("{}", e.what());
-      errors += std::string(errors.empty() ? "" : "\n") + e.what();
-    }
-  }
-  if (!best) {
-    if (!errors.empty()) throw ResumeError(errors);
-    return best;
-  }
-  const bool from_local = in_local_tier(best->info.path);
-  const int64_t other = from_local ? network_step : local_step;
-  spdlog::info("resuming from the {} tier: {} (the {} tier's newest: {})",
-               from_local ? "local" : "network", best->info.path, from_local ? "network" : "local",
-               other < 0 ? std::string("none") : "global step " + std::to_string(other));
-  // A newer folder of the other tier that did not verify is left to that tier's retention;
-  // say so, as a damaged checkpoint of the tier resumed from is.
-  for (const CheckpointStore* tier : {local_.get(), &store_}) {
-    for (const CheckpointInfo& info : tier->list(/*verify=*/false))
-      if (!info.complete && info.global_step > best->meta.global_step)
-        spdlog::warn("skipping {}, which does not verify ({})", info.path, info.problem);
-  }
-  return best;
-}
-
-std::optional<LoadedCheckpoint> Checkpointer::choose() {
-  std::optional<LoadedCheckpoint> loaded;
-  // A single process reads the checkpoint once, checking it as it loads, and falls back when
-  // it is damaged (fall_back()). The ranks of a distributed run must all load the same one:
-  // rank 0 verifies it before naming it.
-  const bool verify = comm_ != nullptr;
-  if (options_.resume && rank_ == 0)
-    loaded = local_ ? load_newest_of_tiers(verify) : store_.load_latest(verify);
-  if (!comm_) return loaded;
-  const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
-  if (rank_ != 0 && !path.empty()) {
-    // Rank 0's local tier is on rank 0's machine; a rank on another one reads the network copy.
-    const std::string network_copy = (stdfs::path(store_.dir()) / folder_name(path)).string();
-    loaded = CheckpointStore::load(fs::exists(path) ? path : network_copy);
-  }
-  return loaded;
-}
-
-bool Checkpointer::in_local_tier(const std::string& path) const {
-  return local_ && stdfs::path(path).parent_path() == stdfs::path(local_->dir());
-}
-
-std::optional<LoadedCheckpoint> Checkpointer::fall_back(const LoadedCheckpoint& damaged,
-                                                        const std::string& problem) {
-  if (comm_) throw DamagedCheckpointError(problem);  // verified by choose(): damaged since
-  (in_local_tier(damaged.info.path) ? *local_ : store_).set_aside_damaged(damaged.info, problem);
-  return choose();
-}
-
-void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
-  last_saved_step_ = last_complete_step_ = global_step;
-  last_checkpoint_ = path;
-  // The network tier lags behind (it was down, or the copy was cut short): catch it up.
-  if (rank_ == 0 && in_local_tier(path) && newest_step(store_.view()) < global_step)
-    copier_->offer(path, global_step);
 }
 
 std::string Checkpointer::not_saved(std::optional<int64_t> reached) const {
@@ -448,7 +354,7 @@ bool Checkpointer::network_holds(int64_t global_step) const {
 
 void Checkpointer::settle_tiers(double seconds) {
   if (!copier_ || last_complete_step_ <= 0) return;
-  const std::string name = folder_name(last_checkpoint_);
+  const std::string name = checkpoint_folder::name_of(last_checkpoint_);
   // The copier's word, not a listing: the grace is for the copy, and storage that hangs would
   // take it all.
   bool copied = copier_->copied_step() >= last_complete_step_;

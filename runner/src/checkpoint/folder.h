@@ -20,6 +20,10 @@ inline constexpr const char* kLatest = "LATEST";
 /// dir + "/" + name (no doubled slash).
 std::string join(const std::string& dir, const std::string& name);
 
+/// The last component of a checkpoint folder's path, trailing slashes and dots resolved:
+/// "runs/x/ckpt-e0002-s0000128/" -> "ckpt-e0002-s0000128".
+std::string name_of(const std::string& path);
+
 /// Whether `s` begins with `prefix`.
 bool starts_with(const std::string& s, const char* prefix);
 

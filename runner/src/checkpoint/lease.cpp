@@ -7,54 +7,27 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <utility>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/detached_call.h"
 #include "util/fs.h"
-#include "util/version.h"
 
 namespace gpurun {
 namespace {
 
-using json = nlohmann::json;
 using Seconds = std::chrono::duration<double>;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr const char* kLeaseFile = "lease.json";
-constexpr int kLeaseFormatVersion = 2;     // 2 adds timeout, heartbeat_period, pid_start, took_over
 constexpr double kPollSeconds = 0.2;       // how often a waiting run re-reads lease.json
 constexpr double kProgressSeconds = 10.0;  // how often a waiting run says it still waits
 constexpr int kMaxForceAttempts = 5;       // writes --force makes against the displaced holder
-
-std::string lease_path(const std::string& dir) { return dir + "/" + kLeaseFile; }
-
-// Where a pid means something: the boot (a reboot reuses pids) and the pid namespace (two
-// containers on one machine, possibly with one hostname, number their processes apart).
-// Empty when /proc is unavailable.
-const std::string& pid_scope() {
-  static const std::string scope = [] {
-    std::string boot_id;
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::getline(in, boot_id);
-    char ns[128] = {};
-    const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-    if (boot_id.empty() || n <= 0) return std::string();
-    return boot_id + "/" + std::string(ns, static_cast<size_t>(n));
-  }();
-  return scope;
-}
 
 // 128 random bits as 32 hex digits. std::random_device reads getrandom(2) on Linux; the pid
 // and the clock are mixed in so that a degenerate random_device still gives distinct tokens.
@@ -68,78 +41,6 @@ std::string new_token() {
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(words[0]),
                 static_cast<unsigned long long>(words[1]));
   return buf;
-}
-
-// The start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat), which
-// tells a live holder from another process that got its pid; 0 when unknown.
-int64_t process_start(int64_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // The command name (field 2) is in parentheses and may hold spaces and ')': skip past the last.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  const char* p = stat.c_str() + close + 1;
-  for (int field = 3; field < 22; ++field) {
-    while (*p == ' ') ++p;
-    while (*p != ' ' && *p != '\0') ++p;
-  }
-  char* end = nullptr;
-  const long long start = std::strtoll(p, &end, 10);
-  return end != p && start > 0 ? start : 0;
-}
-
-std::string to_json(const LeaseHolder& h) {
-  json j = {{"format_version", kLeaseFormatVersion},
-            {"host", h.host},
-            {"pid", h.pid},
-            {"pid_start", h.pid_start},
-            {"pid_scope", h.pid_scope},
-            {"started", h.started},
-            {"heartbeat", h.heartbeat},
-            {"timeout", h.timeout},
-            {"heartbeat_period", h.heartbeat_period},
-            {"token", h.token},
-            {"gpurun_version", gpurun_version()}};
-  if (h.took_over) {
-    j["took_over"] = {{"token", h.took_over->token},
-                      {"forced", h.took_over->forced},
-                      {"reason", h.took_over->reason}};
-  }
-  return j.dump(2) + "\n";
-}
-
-bool valid_pid(int64_t pid) { return pid > 0 && pid <= INT_MAX; }
-
-// The timeout by which `h` goes stale: its own, or `fallback` for a lease that records none.
-double timeout_of(const LeaseHolder& h, double fallback) {
-  return h.timeout > 0 ? h.timeout : fallback;
-}
-
-bool same_host(const LeaseHolder& h) {
-  if (h.host != host_name()) return false;
-  // An old or foreign writer may not record a scope; then the hostname alone decides.
-  return h.pid_scope.empty() || pid_scope().empty() || h.pid_scope == pid_scope();
-}
-
-// Why a stale lease is stale, for the log and the taker's `took_over.reason`.
-std::string stale_reason(const LeaseHolder& h, double fallback_timeout, double now) {
-  if (same_host(h)) {
-    if (valid_pid(h.pid) && ::kill(static_cast<pid_t>(h.pid), 0) == 0)
-      return fmt::format("pid {} on this host is now another process", h.pid);
-    return fmt::format("its process (pid {}) is gone from this host", h.pid);
-  }
-  const double timeout = timeout_of(h, fallback_timeout);
-  const std::string whose = h.timeout > 0 ? "its lease_timeout" : "checkpoint.lease_timeout";
-  if (!(now - h.heartbeat <= timeout))
-    return fmt::format("its heartbeat is {:.1f} s old, older than {} of {:g} s", now - h.heartbeat,
-                       whose, timeout);
-  return fmt::format("its heartbeat did not change for {} ({:g} s) of waiting", whose, timeout);
-}
-
-std::string ago(double age) {
-  // A negative age is another host's clock running ahead of ours.
-  return age >= 0 ? fmt::format("{:.1f} s ago", age)
-                  : fmt::format("{:.1f} s in the future (clock skew?)", -age);
 }
 
 // Identity of one heartbeat of one holder: a change means the holder is alive (or replaced).
@@ -158,7 +59,7 @@ std::atomic<unsigned> temp_counter{0};
 template <typename Expect>
 bool replace_lease_if(const std::string& dir, const std::string& token, const std::string& data,
                       Expect&& expect) {
-  const std::string tmp = dir + "/." + kLeaseFile + ".tmp-" + std::to_string(::getpid()) + "-" +
+  const std::string tmp = dir + "/.lease.json.tmp-" + std::to_string(::getpid()) + "-" +
                           token.substr(0, 8) + "-" + std::to_string(temp_counter++);
   try {
     fs::write_file(tmp, data);
@@ -180,86 +81,6 @@ void sleep_seconds(double s) {
 
 }  // namespace
 
-double heartbeat_period_seconds(double lease_timeout_seconds) {
-  return std::min(lease_timeout_seconds / 4, 10.0);
-}
-
-std::optional<LeaseHolder> read_lease(const std::string& dir) {
-  std::string text;
-  try {
-    text = fs::read_file(lease_path(dir));
-  } catch (const IoError& e) {
-    if (e.error_number() == ENOENT) return std::nullopt;
-    throw;
-  }
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return std::nullopt;
-  const auto has = [&](const char* key, json::value_t type) {
-    const auto it = j.find(key);
-    if (it == j.end()) return false;
-    if (type == json::value_t::number_float) return it->is_number();
-    if (type == json::value_t::number_integer) return it->is_number_integer();
-    return it->type() == type;
-  };
-  if (!has("host", json::value_t::string) || !has("pid", json::value_t::number_integer) ||
-      !has("heartbeat", json::value_t::number_float) || !has("token", json::value_t::string)) {
-    return std::nullopt;
-  }
-  LeaseHolder h;
-  h.host = j["host"].get<std::string>();
-  h.pid = j["pid"].get<int64_t>();
-  h.heartbeat = j["heartbeat"].get<double>();
-  h.started =
-      has("started", json::value_t::number_float) ? j["started"].get<double>() : h.heartbeat;
-  h.token = j["token"].get<std::string>();
-  if (has("pid_scope", json::value_t::string)) h.pid_scope = j["pid_scope"].get<std::string>();
-  // Fields of format 2; a lease of an older gpurun lacks them (then 0: unknown).
-  const auto positive = [&](const char* key) {
-    const double v = has(key, json::value_t::number_float) ? j[key].get<double>() : 0.0;
-    return std::isfinite(v) && v > 0 ? v : 0.0;
-  };
-  h.timeout = positive("timeout");
-  h.heartbeat_period = positive("heartbeat_period");
-  if (has("pid_start", json::value_t::number_integer))
-    h.pid_start = std::max<int64_t>(j["pid_start"].get<int64_t>(), 0);
-  const auto t = j.find("took_over");
-  if (t != j.end() && t->is_object() && t->contains("token") && (*t)["token"].is_string()) {
-    LeaseTakeover took;
-    took.token = (*t)["token"].get<std::string>();
-    took.forced =
-        t->contains("forced") && (*t)["forced"].is_boolean() && (*t)["forced"].get<bool>();
-    if (t->contains("reason") && (*t)["reason"].is_string())
-      took.reason = (*t)["reason"].get<std::string>();
-    h.took_over = took;
-  }
-  if (h.token.empty() || !valid_pid(h.pid) || !std::isfinite(h.heartbeat)) return std::nullopt;
-  return h;
-}
-
-bool lease_holder_alive_here(const LeaseHolder& h) {
-  if (!same_host(h) || !valid_pid(h.pid)) return false;
-  // EPERM means the process exists under another user: alive.
-  if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
-  // A pid that another process got after the holder died (the pid was reused).
-  if (h.pid_start > 0) {
-    const int64_t start = process_start(h.pid);
-    if (start > 0 && start != h.pid_start) return false;
-  }
-  return true;
-}
-
-bool lease_is_stale(const LeaseHolder& h, double fallback_timeout_seconds, double now) {
-  // Here the process itself says whether the holder lives; its heartbeat's age says nothing
-  // more (a live run may stall, and the reader's timeout is not the holder's).
-  if (same_host(h)) return !lease_holder_alive_here(h);
-  return !(now - h.heartbeat <= timeout_of(h, fallback_timeout_seconds));  // true for NaN too
-}
-
-std::string describe_lease_holder(const LeaseHolder& h, double now) {
-  return fmt::format("host {}, pid {}, heartbeat {}, started {}", h.host, h.pid,
-                     ago(now - h.heartbeat), ago(now - h.started));
-}
-
 std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeout_seconds,
                                       bool force) {
   if (!(lease_timeout_seconds > 0) || !std::isfinite(lease_timeout_seconds)) {
@@ -272,7 +93,7 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
   LeaseHolder me;
   me.host = host_name();
   me.pid = ::getpid();
-  me.pid_start = process_start(me.pid);
+  me.pid_start = process_start_ticks(me.pid);
   me.token = new_token();
   me.pid_scope = pid_scope();
   me.timeout = timeout;
@@ -299,8 +120,8 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
       seen_beat = beat_of(cur);
       seen_since = steady_now;
     }
-    const bool local = cur && same_host(*cur);
-    const double their_timeout = cur ? timeout_of(*cur, timeout) : timeout;
+    const bool local = cur && lease_on_this_host(*cur);
+    const double their_timeout = cur ? lease_timeout_of(*cur, timeout) : timeout;
     const bool silent = cur && !local && Seconds(steady_now - seen_since).count() >= their_timeout;
     const bool stale = !cur || lease_is_stale(*cur, timeout, now) || silent;
     // A local holder is judged by its process at every poll; one elsewhere only by its own
@@ -311,7 +132,7 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
     if (stale || force) {
       me.took_over.reset();
       if (cur && stale) {
-        const std::string reason = stale_reason(*cur, timeout, now);
+        const std::string reason = lease_stale_reason(*cur, timeout, now);
         spdlog::info("taking over the stale lease of {} ({}): {}", dir,
                      describe_lease_holder(*cur, now), reason);
         me.took_over = LeaseTakeover{cur->token, false, reason};
@@ -324,7 +145,7 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
       // beat, or another run took it), judge again.
       me.started = me.heartbeat = unix_seconds();
       const auto judged = *seen_beat;
-      if (replace_lease_if(dir, me.token, to_json(me),
+      if (replace_lease_if(dir, me.token, lease_to_json(me),
                            [&](const std::optional<LeaseHolder>& now_there) {
                              return beat_of(now_there) == judged;
                            })) {
@@ -401,7 +222,8 @@ bool Lease::check_owner(const std::optional<LeaseHolder>& h) const {
     message = fmt::format(
         "lost the lease of {}: a run on host {}, pid {} {} {}; this run's last heartbeat was "
         "written {}",
-        dir_, h->host, h->pid, how, ago(now - h->started), ago(now - me_.heartbeat));
+        dir_, h->host, h->pid, how, describe_age(now - h->started),
+        describe_age(now - me_.heartbeat));
     if (trouble_.empty()) trouble_ = message;
   }
   if (!lost_.exchange(true))
@@ -418,7 +240,7 @@ void Lease::heartbeat() {
     next = me_;
   }
   next.heartbeat = unix_seconds();
-  if (!replace_lease_if(dir_, token_, to_json(next),
+  if (!replace_lease_if(dir_, token_, lease_to_json(next),
                         [this](const std::optional<LeaseHolder>& h) { return check_owner(h); })) {
     return;
   }

@@ -52,42 +52,18 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "checkpoint/lease_holder.h"
+
 namespace gpurun {
 
 template <class T>
 class DetachedCall;
-
-/// What a holder recorded about the lease it replaced (absent for a free or unparsable one).
-struct LeaseTakeover {
-  std::string token;    ///< the displaced holder's token
-  bool forced = false;  ///< taken from a live holder with --force
-  std::string reason;   ///< why: "--force", or why the old lease was stale
-};
-
-/// The contents of a lease.json.
-struct LeaseHolder {
-  std::string host;             ///< gethostname() of the holder
-  int64_t pid = 0;              ///< the holder's process id (meaningful on `host` only)
-  double started = 0;           ///< unix seconds when the holder acquired the lease
-  double heartbeat = 0;         ///< unix seconds of the holder's last heartbeat
-  std::string token;            ///< random 128-bit hex owner token, unique per acquisition
-  std::string pid_scope;        ///< boot id + pid namespace where `pid` lives; may be empty
-  int64_t pid_start = 0;        ///< the process's start time (clock ticks since boot); 0: unknown
-  double timeout = 0;           ///< the holder's lease_timeout, seconds; 0: not recorded (old file)
-  double heartbeat_period = 0;  ///< the holder's seconds between heartbeats; 0: not recorded
-  std::optional<LeaseTakeover> took_over;  ///< set when the holder replaced another's lease
-};
-
-/// Seconds between two heartbeats for a lease that goes stale after `lease_timeout_seconds`:
-/// min(lease_timeout / 4, 10), so that a live holder writes at least 4 heartbeats per timeout.
-double heartbeat_period_seconds(double lease_timeout_seconds);
 
 /// The lease of one checkpoint directory, held from acquire() until release() or destruction.
 /// Thread-safe: heartbeat(), still_ours(), holder(), lost(), expired(), trouble() and release()
@@ -202,20 +178,5 @@ class Lease {
   std::once_flag join_once_;
   std::thread thread_;
 };
-
-/// Reads DIR/lease.json; nullopt when it is absent or unparsable (not JSON, or `host`, `pid`,
-/// `heartbeat` or `token` missing or of the wrong type). Throws IoError on other read errors.
-std::optional<LeaseHolder> read_lease(const std::string& dir);
-
-/// True when `h` is stale at `now` (unix seconds) by the rules of the file comment: on this
-/// same host when its process is gone; elsewhere when its heartbeat is older than its own
-/// `timeout`, or than `fallback_timeout_seconds` when the lease records none.
-bool lease_is_stale(const LeaseHolder& h, double fallback_timeout_seconds, double now);
-
-/// True when `h`'s process runs on this same host (see the file comment) and is alive.
-bool lease_holder_alive_here(const LeaseHolder& h);
-
-/// "host gpu-7, pid 4242, heartbeat 3.2 s ago, started 60.0 s ago" for messages; ages at `now`.
-std::string describe_lease_holder(const LeaseHolder& h, double now);
 
 }  // namespace gpurun

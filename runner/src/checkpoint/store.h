@@ -219,6 +219,10 @@ class CheckpointView {
   /// The newest complete entry of `infos` (sorted as list() returns them), or null.
   static const CheckpointInfo* newest_complete(const std::vector<CheckpointInfo>& infos);
 
+  /// The global step of the newest complete checkpoint by its manifest and file sizes (no
+  /// checksums read: list(false)); -1 when there is none. Throws IoError as list().
+  int64_t newest_complete_step() const;
+
   /// DIR/LATEST; kUnreadable rather than a throw when it exists but cannot be read.
   LatestFile latest() const;
 

@@ -73,6 +73,10 @@ std::string join(const std::string& dir, const std::string& name) {
   return (stdfs::path(dir) / name).string();
 }
 
+std::string name_of(const std::string& path) {
+  return stdfs::path(path).lexically_normal().filename().string();
+}
+
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
 bool is_plain_name(const std::string& name) {
@@ -299,6 +303,12 @@ const CheckpointInfo* CheckpointView::newest_complete(const std::vector<Checkpoi
     if (it->complete) return &*it;
   }
   return nullptr;
+}
+
+int64_t CheckpointView::newest_complete_step() const {
+  const std::vector<CheckpointInfo> infos = list(/*verify=*/false);
+  const CheckpointInfo* newest = newest_complete(infos);
+  return newest ? newest->global_step : -1;
 }
 
 LatestFile CheckpointView::latest() const {

@@ -24,6 +24,7 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include "config/rules.h"
 #include "config/schema.h"
 #include "config/suggest.h"
 #include "config/value.h"
@@ -33,14 +34,6 @@
 
 namespace gpurun {
 namespace {
-
-/// Whether `text` is a whole decimal integer (data.label as a column index).
-bool is_integer(const std::string& text) {
-  int64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  return !text.empty() && ec == std::errc() && ptr == end;
-}
 
 using json = nlohmann::json;
 using detail::assign;
@@ -197,110 +190,21 @@ class Assembly {
       const std::string message = assign(*s.key, s.value, c);
       if (!message.empty()) fail(s.where, message);
     }
-    if (errors_.empty()) check_model_source(c);
-    if (errors_.empty()) check_across(c);
+    const RuleFailure fail_rule = [&](const std::string& a, const std::string& b,
+                                      const std::string& message) { fail(where(a, b), message); };
+    if (errors_.empty())
+      detail::check_model_source(
+          c, [&](const std::string& key) { return is_set(key); }, fail_rule);
+    if (errors_.empty()) detail::check_across_keys(c, fail_rule);
     if (!errors_.empty()) throw ConfigError(join(errors_, "\n"));
     return c;
   }
 
  private:
-  void check_across(const RunConfig& c) {
-    if (c.optim.nesterov && !(c.optim.momentum > 0)) {
-      fail(where("optim.nesterov", "optim.momentum"),
-           "optim.nesterov: true requires optim.momentum > 0, but optim.momentum is " +
-               json(c.optim.momentum).dump());
-    }
-    if (c.train.batch_size % c.train.accumulation_steps != 0) {
-      fail(where("train.batch_size", "train.accumulation_steps"),
-           "train.batch_size must be divisible by train.accumulation_steps, got " +
-               std::to_string(c.train.batch_size) + " and " +
-               std::to_string(c.train.accumulation_steps));
-    }
-    check_models_and_data(c);
-  }
-
-  /// Rules between the built-in models' and datasets' keys (a plugin's are its own business).
-  void check_models_and_data(const RunConfig& c) {
-    const ModelConfig& m = c.model;
-    const DataConfig& d = c.data;
-    if (m.name == "resnet" && m.blocks.size() != m.channels.size()) {
-      fail(where("model.blocks", "model.channels"),
-           "model.blocks must have one entry per stage of model.channels, got " +
-               std::to_string(m.blocks.size()) + " and " + std::to_string(m.channels.size()));
-    }
-    if (m.name == "gpt" && m.width % m.heads != 0) {
-      fail(where("model.width", "model.heads"),
-           "model.width must be divisible by model.heads, got " + std::to_string(m.width) +
-               " and " + std::to_string(m.heads));
-    }
-    const bool token_data = d.name == "text" || d.name == "tokens";
-    if (m.name == "gpt" && token_data && m.context != 0 && m.context < d.context) {
-      fail(where("model.context", "data.context"),
-           "model.context " + std::to_string(m.context) + " is shorter than data.context " +
-               std::to_string(d.context) + ", the length of every sample; use at least " +
-               std::to_string(d.context) + ", or 0 for data.context");
-    }
-    const bool builtin_data =
-        d.name == "idx" || d.name == "csv" || d.name == "synthetic" || d.name == "image_folder";
-    const bool feature_model = m.name == "mlp" || m.name == "cnn" || m.name == "resnet";
-    if (token_data && feature_model) {
-      fail(where("model.name", "data.name"), "model.name " + m.name +
-                                                 " takes float features, but data.name " + d.name +
-                                                 " gives token ids; use model.name gpt");
-    } else if (m.name == "gpt" && builtin_data) {
-      fail(where("model.name", "data.name"), "model.name gpt takes token ids, but data.name " +
-                                                 d.name +
-                                                 " gives float features; use data.name text "
-                                                 "or tokens");
-    }
-    if (d.name == "image_folder") {
-      if (d.channels != 1 && d.channels != 3)
-        fail(where("data.channels", "data.channels"),
-             "data.channels must be 1 (grayscale) or 3 (RGB), got " + std::to_string(d.channels));
-      for (const auto& [key, list] : {std::pair{"data.mean", &d.mean}, {"data.std", &d.std}}) {
-        const auto n = static_cast<int64_t>(list->size());
-        if (n > 1 && n != d.channels)
-          fail(where(key, key), std::string(key) + " must hold one value or one per channel (" +
-                                    std::to_string(d.channels) + "), got " + std::to_string(n));
-      }
-    }
-    if (d.name == "csv") {
-      if (d.delimiter.size() != 1 && d.delimiter != "\\t" && d.delimiter != "tab") {
-        fail(where("data.delimiter", "data.delimiter"),
-             "data.delimiter must be one character, \\t or tab, got " + json(d.delimiter).dump());
-      }
-      if (!d.header && !is_integer(d.label)) {
-        fail(where("data.label", "data.header"),
-             "data.label " + json(d.label).dump() +
-                 " names a column, but data.header is false; give a 0-based column index");
-      }
-    }
-  }
-
+  using RuleFailure = detail::RuleFailure;
   bool is_set(const std::string& name) const {
     return std::any_of(settings_.begin(), settings_.end(),
                        [&](const Setting& s) { return s.key->name == name; });
-  }
-
-  /// model.torchscript implies model.name torchscript; model.plugin needs model.name set.
-  void check_model_source(RunConfig& c) {
-    ModelConfig& m = c.model;
-    if (!m.plugin.empty() && !m.torchscript.empty()) {
-      fail(where("model.plugin", "model.torchscript"),
-           "model.plugin and model.torchscript exclude each other; set one");
-    } else if (!m.torchscript.empty()) {
-      if (is_set("model.name") && m.name != "torchscript")
-        fail(where("model.name", "model.torchscript"),
-             "model.torchscript is set, so model.name must be torchscript (or left out), got " +
-                 m.name);
-      m.name = "torchscript";
-    } else if (m.name == "torchscript") {
-      fail(where("model.name", "model.torchscript"),
-           "model.name: torchscript needs model.torchscript: FILE (a torch.jit.script module)");
-    } else if (!m.plugin.empty() && !is_set("model.name")) {
-      fail(where("model.plugin", "model.name"),
-           "model.plugin is set, so model.name must name one of the plugin's models");
-    }
   }
 
   std::string source_;

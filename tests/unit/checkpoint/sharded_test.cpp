@@ -221,8 +221,9 @@ void resume_and_check(const Saved& saved, int world, bool master) {
       EXPECT_TRUE(torch::equal(live, expected_slice(saved, name, opt.layout(), rank)))
           << name << " of rank " << rank << " of " << world;
     expect_weights(*models[rank], saved);
-    if (world == 1)
+    if (world == 1) {
       EXPECT_TRUE(torch::equal(rng_state(default_generator(at::kCPU)), saved.cpu_rng));
+    }
     train(models[rank], opt, rank, 2, 1);  // the run continues
     for (const auto& [name, t] : state_dict(*models[rank]))
       EXPECT_TRUE(t.isfinite().all().item<bool>()) << name;
