@@ -59,7 +59,7 @@ std::atomic<unsigned> temp_counter{0};
 template <typename Expect>
 bool replace_lease_if(const std::string& dir, const std::string& token, const std::string& data,
                       Expect&& expect) {
-  const std::string tmp = dir + "/.lease.json.tmp-" + std::to_string(::getpid()) + "-" +
+  const std::string tmp = dir + "/." + kLeaseFileName + ".tmp-" + std::to_string(::getpid()) + "-" +
                           token.substr(0, 8) + "-" + std::to_string(temp_counter++);
   try {
     fs::write_file(tmp, data);

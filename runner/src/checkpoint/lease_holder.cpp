@@ -24,14 +24,13 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kLeaseFile = "lease.json";
 constexpr int kLeaseFormatVersion = 2;  // 2 adds timeout, heartbeat_period, pid_start, took_over
 
 bool valid_pid(int64_t pid) { return pid > 0 && pid <= INT_MAX; }
 
 }  // namespace
 
-std::string lease_path(const std::string& dir) { return dir + "/" + kLeaseFile; }
+std::string lease_path(const std::string& dir) { return dir + "/" + kLeaseFileName; }
 
 const std::string& pid_scope() {
   static const std::string scope = [] {

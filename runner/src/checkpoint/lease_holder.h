@@ -49,6 +49,9 @@ bool lease_holder_alive_here(const LeaseHolder& h);
 /// "host gpu-7, pid 4242, heartbeat 3.2 s ago, started 60.0 s ago" for messages; ages at `now`.
 std::string describe_lease_holder(const LeaseHolder& h, double now);
 
+/// The lease's file name in a checkpoint directory.
+inline constexpr const char* kLeaseFileName = "lease.json";
+
 /// DIR/lease.json.
 std::string lease_path(const std::string& dir);
 

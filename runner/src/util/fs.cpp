@@ -82,11 +82,11 @@ void write_all(int fd, const std::string& data, const std::string& path) {
 // 2 x kLag behind is waited for. A file up to kLag is left to the final fsync whole, which lets
 // the file system allocate and submit it in the fewest, largest requests: handing every 8 MiB
 // chunk to writeback at once and waiting two chunks back (the textbook streaming idiom) took
-// twice as long here (scripts/bench/checkpoint.sh: 0.95-1.05 s against 0.43-0.50 s for 421
-// MiB on ext4). A file of tens of GB then holds at most 2 x kLag + kBlock dirty, so the final
-// fsync waits for at most that much, and the cache of a small container is not filled with
-// one file's dirty pages. A file system that cannot (or a failed hint) falls back to the
-// plain fsync at the end, which reports any real write error.
+// twice as long here (gpurun_bench_checkpoint_memory, scripts/bench/checkpoint.sh's 421 MiB
+// state on ext4: 0.81-1.30 s against 0.36-0.50 s). A file of tens of GB then holds at most 2 x kLag
+// + kBlock dirty, so the final fsync waits for at most that much, and the cache of a small
+// container is not filled with one file's dirty pages. A file system that cannot (or a failed hint)
+// falls back to the plain fsync at the end, which reports any real write error.
 class StreamingWrite {
  public:
   static constexpr size_t kChunk = size_t{8} << 20;
