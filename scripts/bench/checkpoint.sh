@@ -45,9 +45,14 @@ evict "$one"/*
 build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-true" --resume 2>/dev/null
 build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-true" --resume 2>/dev/null
 bytes=$(cat "$one"/*.pt | wc -c)
-# Three times: this disk's speed varies from write to write, as gpurun's twelve saves show.
+# Three times, each after 5 s at rest, as a checkpoint comes minutes after the last one: a write
+# that follows the deletion of as many bytes within a second reuses page-cache pages the kernel
+# has not yet handed back, and on a VM with free page reporting (page_reporting in the kernel's
+# command line) that is several times faster than the steady state (torch.save + fsync of 448 MiB
+# here: 0.35-0.40 s back to back, 0.9-1.6 s with 5 s between).
 dd_lines=""
 for _ in 1 2 3; do
+  sleep 5
   dd_lines+=$(dd if=/dev/zero of="$work/dd.bin" bs=8M count=$(( (bytes + 8388607) / 8388608 )) conv=fsync 2>&1 | tail -1)$'\n'
   rm -f "$work/dd.bin"
 done
@@ -121,7 +126,7 @@ end_to_end_async = statistics.median(e["build_seconds"] + e["write_seconds"] for
 gpurun_speed = size / end_to_end
 # Python saves the same tensors in three files, each torch.save then fsync: model.pt's state,
 # an Adam state of the same shapes (exp_avg and exp_avg_sq of every tensor, as optim.pt), and
-# trainer.pt's generator state. Median of 3.
+# trainer.pt's generator state. Median of 3, each after 5 s at rest.
 model_state = torch.load(model_pt)
 optim_state = {}
 for k, v in model_state.items():
@@ -130,6 +135,7 @@ for k, v in model_state.items():
 trainer_state = torch.load(os.path.join(one, "trainer.pt"))
 py_runs = []
 for _ in range(3):
+    time.sleep(5)  # at rest, as dd above and as gpurun's saves come after training steps
     t0 = time.perf_counter()
     py_bytes = 0
     for name, state in (("model", model_state), ("optim", optim_state), ("trainer", trainer_state)):

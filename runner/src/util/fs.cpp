@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gpurun/errors.h"
+#include "util/direct_write.h"
 
 namespace gpurun::fs {
 namespace {
@@ -172,13 +173,21 @@ class GatheringWrite {
 int64_t write_streamed_once(const std::string& path, const ByteSource& produce,
                             const ChunkObserver& observe) {
   UniqueFd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
-  StreamingWrite out(fd.get(), path);
-  GatheringWrite gather(out, observe);
-  produce([&](const char* p, size_t n) { gather.put(p, n); });
-  gather.flush();
+  int64_t written = 0;
+  if (detail::direct_io_suits(fd.get())) {
+    detail::DirectWrite out(fd.get(), path, observe);
+    produce([&](const char* p, size_t n) { out.put(p, n); });
+    written = out.finish();
+  } else {
+    StreamingWrite out(fd.get(), path);
+    GatheringWrite gather(out, observe);
+    produce([&](const char* p, size_t n) { gather.put(p, n); });
+    gather.flush();
+    written = gather.written();
+  }
   fd.fsync();
   fd.close();
-  return gather.written();
+  return written;
 }
 
 std::string read_file_once(const std::string& path, const ChunkObserver& observe = {}) {

@@ -22,7 +22,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,41 +120,6 @@ TEST(WriteStreamed, WritesEveryPieceInOrderAndObservesWhatItWrites) {
   EXPECT_EQ(resets, 1);
   EXPECT_TRUE(observed == expected);
   EXPECT_TRUE(fs::read_file(dir / "f") == expected);
-}
-
-// A file past the writeback lag (256 MiB) and its wait (512 MiB behind): pieces of odd sizes,
-// some crossing several 64 MiB blocks in one write, land in order, and what the observer saw
-// is what the file holds.
-TEST(WriteStreamed, AFileLargerThanTheWritebackWindowIsWrittenWhole) {
-  TempDir dir;
-  std::string source((size_t{40} << 20) + 12345, '\0');
-  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<char>((i * 2654435761u) >> 13);
-  const std::vector<size_t> sizes{source.size(), 3, (size_t{1} << 20) + 7, size_t{33} << 20, 1};
-  std::optional<Xxh3> produced, observed;
-  int64_t total = 0;
-  const int64_t n = fs::write_streamed(
-      dir / "big",
-      [&](const ByteSink& out) {
-        produced.emplace();
-        total = 0;
-        for (size_t k = 0; total < (int64_t{600} << 20); ++k) {
-          const size_t size = sizes[k % sizes.size()];
-          const char* p = source.data() + (k * 4099) % (source.size() - size + 1);
-          out(p, size);
-          produced->update(p, size);
-          total += static_cast<int64_t>(size);
-        }
-      },
-      [&](const char* data, size_t size) { observed->update(data, size); },
-      [&] { observed.emplace(); });
-  EXPECT_EQ(n, total);
-  EXPECT_EQ(observed->hex(), produced->hex());
-  Xxh3 on_disk;
-  std::ifstream in(dir / "big", std::ios::binary);
-  std::vector<char> chunk(size_t{8} << 20);
-  while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0)
-    on_disk.update(chunk.data(), static_cast<size_t>(in.gcount()));
-  EXPECT_EQ(on_disk.hex(), produced->hex());
 }
 
 // A transient error (EIO on network storage) half way through a file: the whole file is
