@@ -66,7 +66,9 @@ class Collectives final : public StepCollectives {
   /// must be on this process group's device. One round: CollectiveStats::gradient_syncs + 1.
   void sync_gradients(const std::vector<at::Tensor>& params, std::vector<double>& control) override;
 
-  /// StepCollectives::reduce_scatter, c10d's _reduce_scatter_base; counted in
+  /// StepCollectives::reduce_scatter: over NCCL c10d's _reduce_scatter_base; over Gloo on the
+  /// CPU a ring of send/recv (Gloo's _reduce_scatter_base all-reduces a copy of the input, twice
+  /// the bytes), whose sum of each chunk has a fixed order. Counted in
   /// CollectiveStats::reduce_scatter_bytes.
   void reduce_scatter(const at::Tensor& input, const at::Tensor& output) override;
   /// StepCollectives::all_gather, c10d's _allgather_base; counted in all_gather_bytes.

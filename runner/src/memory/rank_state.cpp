@@ -93,13 +93,16 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   } else {
     e.optimizer_state = moments + master_slice;
   }
-  // The reduce-scatter's fp32 bucket (FlatLayout::bucket_columns(), at most 25 MiB) twice: our
-  // copy of it (with fp32 gradients in one bucket, the gradient buffer itself) and the
-  // backend's copy of its input, which Gloo may still hold when the all-gather allocates.
-  // Measured on the gpt of 0.42 M parameters over 4 ranks: 8.40 MB at the update, against 8.39
-  // estimated; one bucket would have said 6.71 MB, which only some steps stay under.
-  if (world_size > 1)
-    e.optimizer_temporaries = 2 * 4 * world_size * std::min(layout.bucket_columns(), s);
+  // The reduce-scatter's fp32 bucket of N x C (FlatLayout::bucket_columns(), at most 25 MiB):
+  // our copy of it (with fp32 gradients in one bucket, the gradient buffer itself), and over
+  // Gloo the ring's two chunks of C (the one received, the partial sum sent on); NCCL keeps its
+  // buffers outside the caching allocator. Until the ring (Collectives::reduce_scatter), Gloo's
+  // copy of the whole input took the place of the two chunks, and on 4 ranks of the gpt of 0.42 M
+  // parameters the update's peak was 7.0 or 8.4 MB depending on when Gloo freed it.
+  if (world_size > 1) {
+    const int64_t c = std::min(layout.bucket_columns(), s);
+    e.optimizer_temporaries = 4 * world_size * c + 8 * c;
+  }
   if (optim.grad_clip > 0) e.optimizer_temporaries = std::max(e.optimizer_temporaries, 16 * s);
   return e;
 }

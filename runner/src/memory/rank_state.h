@@ -58,11 +58,11 @@ StateShape state_shape(SegmentedModel& model);
 ///   optimizer_state        on the card: moments or momentum, and the master slice
 ///   host_bytes             offload: the moments, the master slice and the gradient copy
 ///   weight_casts           autocast's 16-bit copies of fp32 weight matrices (bf16, fp16)
-///   optimizer_temporaries  replicated: estimate_state()'s; flat over several ranks: twice the
-///                          reduce-scatter's fp32 bucket 4 N min(C, S) bytes
-///                          (C = FlatLayout::bucket_columns()): ours and the backend's copy
-///                          (Gloo's); with optim.grad_clip at least clip_grad_norm()'s float64
-///                          copy of the slice and its square (16S)
+///   optimizer_temporaries  replicated: estimate_state()'s; flat over several ranks: the
+///                          reduce-scatter's fp32 bucket 4 N C and the ring's two chunks 8 C
+///                          bytes (C = min(FlatLayout::bucket_columns(), S)); with
+///                          optim.grad_clip at least clip_grad_norm()'s float64 copy of the
+///                          slice and its square (16S)
 /// master weights apply under bf16 and fp16 only. Replicated, the result equals
 /// estimate_state(). Throws std::invalid_argument for world_size < 1.
 Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision precision,

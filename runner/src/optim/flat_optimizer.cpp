@@ -147,7 +147,7 @@ void FlatOptimizer::reduce_gradients(std::vector<double>& control) {
     grad_slice_ = at::empty({s}, params_.options().dtype(at::kFloat));
     // Column buckets of the [N, S] view: bucket k is every rank's elements [k c, (k + 1) c)
     // of its slice, summed in fp32 into this rank's grad_slice_[k c, (k + 1) c). A bucket
-    // bounds the temporaries, ours and the backend's (Gloo copies its input), as DDP's do.
+    // bounds the temporaries, ours and the ring's (Collectives::reduce_scatter), as DDP's do.
     const int64_t c = layout_.bucket_columns();
     const at::Tensor rows = grads_.view({n, s});
     for (int64_t k = 0; k < s; k += c) {

@@ -167,6 +167,49 @@ TEST(Collectives, BroadcastGatherAllReduceAndBarrier) {
   EXPECT_TRUE(t1.equal(t0));
 }
 
+// The reduce-scatter over Gloo (a ring of send/recv) at 2, 3 and 4 ranks, three calls in a row
+// of chunks of odd widths: rank r gets chunk r summed over every rank (integer-valued floats, so
+// the sum is exact whatever its order), the input is left as it was (it may be the gradient
+// buffer itself), and the moved bytes are the ring model's (N - 1)/N of each input.
+TEST(Collectives, ReduceScatterGivesEachRankItsChunkSummedOverEveryRank) {
+  for (const int world : {2, 3, 4}) {
+    const int port = find_free_port();
+    std::vector<std::string> errors(static_cast<size_t>(world));
+    auto body = [&](int rank) {
+      try {
+        DistEnv env = rank_env(rank, port);
+        env.world_size = env.local_world_size = world;
+        auto comm = Collectives::connect(env, c10::kCPU, 60);
+        for (const int64_t w : {int64_t{1}, int64_t{1001}, int64_t{65536 + 3}}) {
+          // rank q's input element i: (q + 1) * 1000 + i mod 997
+          const at::Tensor index = torch::arange(world * w, torch::kFloat);
+          const at::Tensor input = (rank + 1) * 1000.0 + torch::fmod(index, 997.0);
+          const at::Tensor before = input.clone();
+          at::Tensor output = torch::full({w}, -1.0);
+          comm->reduce_scatter(input, output);
+          const double ranks_sum = world * (world + 1) / 2 * 1000.0;
+          const at::Tensor mine = index.narrow(0, rank * w, w);
+          const at::Tensor expected = ranks_sum + world * torch::fmod(mine, 997.0);
+          if (!output.equal(expected))
+            throw std::runtime_error("wrong sum at width " + std::to_string(w));
+          if (!input.equal(before)) throw std::runtime_error("the input was written");
+        }
+        const int64_t inputs = 4 * world * (1 + 1001 + 65536 + 3);
+        const int64_t moved = comm->stats().moved_bytes(world);
+        if (moved != static_cast<int64_t>(static_cast<double>(world - 1) / world * inputs))
+          throw std::runtime_error("moved " + std::to_string(moved) + " bytes");
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(errors[static_cast<size_t>(r)], "") << world << " ranks, rank " << r;
+  }
+}
+
 TEST(Collectives, RendezvousWithoutPeersFailsNamingTheAddress) {
   DistEnv env;
   env.rank = 1;

@@ -77,11 +77,11 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     EXPECT_EQ(o.parameters, 40 + 4 * p);  // fp32 parameter buffer
     EXPECT_EQ(o.gradients, 4 * p);        // fp32 gradient buffer
     EXPECT_FALSE(o.gradients_released);
-    EXPECT_EQ(o.gradient_slice, 4 * s + 4 * s);  // fp32 slice + the send buffer
-    EXPECT_EQ(o.optimizer_state, 8 * s);         // this rank's moments only
-    EXPECT_EQ(o.weight_casts, 2 * kMatrix);      // fp32 weights are still cast
-    const int64_t bucket = n > 1 ? 8 * p : 0;    // a collective's bucket and Gloo's copy
-    EXPECT_EQ(o.optimizer_temporaries, bucket);  // the fused kernels allocate nothing
+    EXPECT_EQ(o.gradient_slice, 4 * s + 4 * s);        // fp32 slice + the send buffer
+    EXPECT_EQ(o.optimizer_state, 8 * s);               // this rank's moments only
+    EXPECT_EQ(o.weight_casts, 2 * kMatrix);            // fp32 weights are still cast
+    const int64_t bucket = n > 1 ? 4 * p + 8 * s : 0;  // the bucket and the ring's 2 chunks
+    EXPECT_EQ(o.optimizer_temporaries, bucket);        // the fused kernels allocate nothing
     EXPECT_EQ(o.host_bytes, 0);
     // The backward passes (gradients and autocast's casts) or the update (the gradients, the
     // fp32 slice and the send buffer, which live from the reduce-scatter to the all-gather).
@@ -116,14 +116,14 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     EXPECT_EQ(m.gradient_slice, 4 * s + 2 * s);   // fp32 slice + bf16 send buffer
     EXPECT_EQ(m.optimizer_state, 8 * s + 4 * s);  // moments + fp32 master slice
     EXPECT_EQ(m.weight_casts, 0);                 // nothing to cast
-    // The fp32 bucket of the reduce-scatter and all-gather (at most 25 MiB) and the backend's
-    // copy of it, with several ranks.
-    EXPECT_EQ(m.optimizer_temporaries, n > 1 ? 8 * p : 0);
+    // The fp32 bucket of the reduce-scatter (at most 25 MiB) and the ring's two chunks of the
+    // slice, with several ranks.
+    EXPECT_EQ(m.optimizer_temporaries, n > 1 ? 4 * p + 8 * s : 0);
     EXPECT_EQ(m.host_bytes, 0);
     // ZeRO's mixed-precision layout counts 2 + 2 + 12/N bytes a parameter (stage 1, 4 Psi +
     // 12 Psi / N); gpurun adds the fp32 gradient slice and the send buffer, 6 / N. (Without
     // activations, the bucket of this small model's reduce-scatter is the larger temporary.)
-    const int64_t bucket = n > 1 ? 8 * p : 0;
+    const int64_t bucket = n > 1 ? 4 * p + 8 * s : 0;
     EXPECT_EQ(m.total(), 40 + 4 * p + 18 * s + bucket);
 
     const Estimate h =
@@ -151,7 +151,8 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
 }
 
 // The reduce-scatter's bucket: 25 MiB of fp32 at most, in columns of the [N, S] view
-// (FlatLayout::bucket_columns()), counted twice (ours and Gloo's copy) whatever the model's size.
+// (FlatLayout::bucket_columns()), and the ring's two chunks of a column's width, whatever the
+// model's size (with 2 ranks, two buckets' worth).
 TEST(RankState, ALargeModelsReduceScatterTemporariesAreTwoBucketsOf25MiB) {
   StateShape large;
   large.trainable = {{"w", {20'000'000}}};  // 80 MB of fp32: 2 ranks' slices of 40 MB each

@@ -43,8 +43,8 @@ class Mounted {
     std::string command;
     if (type == "ext4") {
       const std::string image = dir / "disk.img";
-      command = "truncate -s " + std::to_string(megabytes) + "M " + image +
-                " && mkfs.ext4 -q -F " + image + " && mount -o loop " + image + " " + mnt_;
+      command = "truncate -s " + std::to_string(megabytes) + "M " + image + " && mkfs.ext4 -q -F " +
+                image + " && mount -o loop " + image + " " + mnt_;
     } else {
       command = "mount -t tmpfs -o size=" + std::to_string(megabytes) + "m tmpfs " + mnt_;
     }
