@@ -198,6 +198,28 @@ TEST(Ddp, ResumeWithAnotherWorldSizeKeepsTheGlobalBatchAndSeesEachSampleOnce) {
   }
 }
 
+// A resume at a world size that does not split the global batch (32 over 3 ranks) is refused
+// by the launcher before any rank starts, naming the world sizes that would split it; the
+// checkpoint is untouched and a resume at one of them goes on.
+TEST(Ddp, AWorldSizeThatDoesNotSplitTheBatchIsRefusedBeforeAnyRankStarts) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(160, 32, 2));
+  const std::string ckpt = dir / "ckpt";
+  Result stopped =
+      run_gpurun(ddp({config, "--ckpt", ckpt}, 2), {{"GPURUN_FAULT", "sigterm:after_step:7"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  const std::string latest = slurp(ckpt + "/LATEST");
+  Result three = run_gpurun(ddp({config, "--ckpt", ckpt, "--resume"}, 3));
+  EXPECT_EQ(three.exit_code, 2) << three.err;
+  EXPECT_TRUE(contains(three.err, "(1 x 3); the world sizes that divide it: 1, 2, 4, 8, 16, 32"))
+      << three.err;
+  EXPECT_FALSE(contains(three.err, "launching ranks")) << three.err;
+  EXPECT_FALSE(contains(three.err, "rank 1")) << three.err;
+  EXPECT_EQ(slurp(ckpt + "/LATEST"), latest);
+  Result four = run_gpurun(ddp({config, "--ckpt", ckpt, "--resume"}, 4));
+  EXPECT_EQ(four.exit_code, 0) << four.err;
+}
+
 // docs/architecture.md, case 13: rank 0's write is delayed 5 s and the job is killed meanwhile; on
 // resume no rank opens the incomplete checkpoint, all ranks resume the same step, and the run ends
 // with the uninterrupted digest.

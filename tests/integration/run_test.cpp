@@ -210,6 +210,23 @@ TEST(Retention, KeepLastTwoAfterFiveEpochsNeverLeavesNoCompleteCheckpoint) {
   EXPECT_EQ(events(ckpt, "checkpoint").size(), 5u);
 }
 
+// A keep_last lowered on --resume takes effect at the resume, before any save: a disk the old
+// keep_last filled would otherwise fail every save (the first one would have made the room).
+TEST(Retention, AKeepLastLoweredOnResumeAppliesAtOnce) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(120, 30, 3));
+  const std::string ckpt = dir / "ckpt";
+  ASSERT_EQ(run_gpurun({config, "--ckpt", ckpt, "--set", "checkpoint.keep_last=5"}).exit_code, 0);
+  ASSERT_EQ(checkpoint_names(ckpt).size(), 3u);
+  // The finished run extended by one epoch, killed after its first step, before any save.
+  Result r = run_gpurun({config, "--ckpt", ckpt, "--resume", "--set", "checkpoint.keep_last=1",
+                         "--set", "train.epochs=4"},
+                        {{"GPURUN_FAULT", "sigkill:after_step:*"}});
+  ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+  EXPECT_TRUE(contains(r.err, "retention: removed")) << r.err;
+  EXPECT_EQ(checkpoint_names(ckpt), (std::vector<std::string>{"ckpt-e0003-s0000012"}));
+}
+
 // The async writer builds a checkpoint's files from a host copy taken at the save step, while
 // training goes on: every save of an async run holds the weights of its own step, as the
 // same run's synchronous saves do.

@@ -100,6 +100,10 @@ std::optional<LoadedCheckpoint> Checkpointer::fall_back(const LoadedCheckpoint& 
 void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   last_saved_step_ = last_complete_step_ = global_step;
   last_checkpoint_ = path;
+  // A keep_last lowered for this run applies now, not after the first save: on a disk that
+  // the old keep_last filled, that save could never succeed. The checkpoint resumed from stays
+  // whatever its age.
+  if (rank_ == 0) (in_local_tier(path) ? *local_ : store_).retain(checkpoint_folder::name_of(path));
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
   if (rank_ == 0 && in_local_tier(path) && store_.view().newest_complete_step() < global_step)
     copier_->offer(path, global_step);

@@ -285,9 +285,11 @@ class CheckpointStore {
     write_hook_ = std::move(writing);
   }
 
-  /// Applies retention now (as after a save): for a checkpoint the retention guard spared
-  /// while it was copied. Never while a save of this store runs. Returns the names removed.
-  std::vector<std::string> retain() { return apply_retention(""); }
+  /// Applies retention now (as after a save), never removing `keep` (a folder name): for a
+  /// checkpoint the retention guard spared while it was copied, and at a resume, where a lower
+  /// keep_last takes effect before the first save (which a full disk may never let succeed).
+  /// Never while a save of this store runs. Returns the names removed.
+  std::vector<std::string> retain(const std::string& keep = "") { return apply_retention(keep); }
 
   /// view().list(verify).
   std::vector<CheckpointInfo> list(bool verify) const { return view_.list(verify); }

@@ -102,6 +102,21 @@ void check_model_source(RunConfig& c, const std::function<bool(const std::string
   }
 }
 
+std::string batch_split_problem(const RunConfig& c, int64_t world_size) {
+  const int64_t batch = c.train.batch_size, accumulation = c.train.accumulation_steps;
+  if (world_size >= 1 && batch % (accumulation * world_size) == 0) return "";
+  std::string fitting;
+  for (int64_t w = 1; w <= 64; ++w)
+    if (batch % (accumulation * w) == 0)
+      fitting += (fitting.empty() ? "" : ", ") + std::to_string(w);
+  return "train.batch_size " + std::to_string(batch) +
+         " must be divisible by train.accumulation_steps x world size (" +
+         std::to_string(accumulation) + " x " + std::to_string(world_size) +
+         "); the world sizes that divide it: " + (fitting.empty() ? "none" : fitting) +
+         " (or set train.batch_size to a multiple of " + std::to_string(accumulation * world_size) +
+         ")";
+}
+
 void check_across_keys(const RunConfig& c, const RuleFailure& fail) {
   if (c.optim.nesterov && !(c.optim.momentum > 0)) {
     fail("optim.nesterov", "optim.momentum",

@@ -25,4 +25,9 @@ void check_model_source(RunConfig& c, const std::function<bool(const std::string
 /// models' and data sets' keys (a plugin's are its own business).
 void check_across_keys(const RunConfig& c, const RuleFailure& fail);
 
+/// "" when train.batch_size splits over `world_size` ranks (divisible by
+/// train.accumulation_steps x world_size); else the message, naming the world sizes up to 64
+/// that would split it. Checked by the launcher before it starts any rank, and by the plan.
+std::string batch_split_problem(const RunConfig& c, int64_t world_size);
+
 }  // namespace gpurun::detail

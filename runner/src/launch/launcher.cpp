@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config/rules.h"
 #include "gpurun/errors.h"
 #include "launch/supervisor.h"
 #include "report/reporter.h"
@@ -20,6 +21,10 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
   if (!run.dist) {
     LaunchSpec spec = resolve_launch(request.flags, env);
     const int world = spec.nnodes * spec.nproc_per_node;
+    // Before any rank starts, joins the rendezvous and fails the same way (a resume at another
+    // world size is where this meets users).
+    if (const std::string problem = detail::batch_split_problem(config, world); !problem.empty())
+      throw ConfigError(problem);
     if (world > 1 || request.max_restarts > 0 || request.hang_timeout > 0) {
       SupervisorOptions s;
       // The workers re-read the config; an error in it surfaced before, unretried.

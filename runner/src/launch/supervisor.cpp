@@ -34,6 +34,7 @@ struct Running {
   SupervisorOptions::Worker spec;
   Child child;
   std::unique_ptr<StderrTap> tap;
+  HeartbeatKey beat;  ///< its heartbeat file as it was before the worker started
   bool done = false;  ///< reaped
 };
 
@@ -131,6 +132,7 @@ class Supervisor {
     for (size_t i = 0; i < specs.size(); ++i) {
       Running& w = group_.workers[i];
       w.spec = specs[i];
+      w.beat = heartbeat_key(w.spec.heartbeat_file);
       w.child = spawn(options_.argv, child_environment(options_.env, w.spec.env, restart));
       w.tap = std::make_unique<StderrTap>(w.child.stderr_fd, i == 0);
       group_.exits[i].name = w.spec.name;
@@ -161,7 +163,8 @@ class Supervisor {
   }
 
   /// Reaps the workers that exited since the last poll, reading the step each reached from its
-  /// heartbeat file (its last beat is written before it exits). Returns their indices.
+  /// heartbeat file (its last beat is written before it exits; a SIGKILL leaves the beat of up to
+  /// a second before). Returns their indices.
   std::vector<int> reap() {
     std::vector<int> ended;
     for (size_t i = 0; i < group_.workers.size(); ++i) {
@@ -177,7 +180,10 @@ class Supervisor {
       e.seconds = seconds_since(group_.start);
       if (WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
-      if (!w.spec.heartbeat_file.empty()) e.step = read_heartbeat_step(w.spec.heartbeat_file);
+      // Only a heartbeat this worker wrote: one left by an earlier run (a rank that now fails
+      // before its first step, at a config check) names a step this run never reached.
+      if (!w.spec.heartbeat_file.empty() && heartbeat_key(w.spec.heartbeat_file) != w.beat)
+        e.step = read_heartbeat_step(w.spec.heartbeat_file);
       ended.push_back(static_cast<int>(i));
     }
     return ended;

@@ -139,7 +139,9 @@ void log_resume_differences(const LoadedCheckpoint& loaded, const RunConfig& con
         "the checkpoint was written by {} rank(s), this run has {}: the global batch "
         "and the position in the epoch's order are kept, so every sample of the epoch "
         "is seen exactly once, but the run is not bit-identical to one that kept {} "
-        "rank(s) (gradients are summed in another order: the last bits differ)",
+        "rank(s): gradients are summed in another order (the last bits differ), and "
+        "BatchNorm's batch statistics and dropout's random draws are per rank, over "
+        "another split of the global batch (a model with either trains differently from here)",
         meta.world_size, process.world_size, meta.world_size);
 }
 

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config/paths.h"
+#include "config/rules.h"
 #include "data/data_stage.h"
 #include "distributed/collectives.h"
 #include "forecast/cards.h"
@@ -330,12 +331,8 @@ bool has_batch_norm(const torch::nn::Module& model) {
 MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_size,
                      const std::optional<MemoryPlan>& saved, const PlanAgreement& agree) {
   const PlanRequest request = plan_request(config, session, world_size);
-  if (config.train.batch_size % world_size != 0 ||
-      request.micro_batch * config.train.accumulation_steps * world_size != config.train.batch_size)
-    throw ConfigError("train.batch_size " + std::to_string(config.train.batch_size) +
-                      " must be divisible by train.accumulation_steps x world size (" +
-                      std::to_string(config.train.accumulation_steps) + " x " +
-                      std::to_string(world_size) + ")");
+  if (const std::string problem = detail::batch_split_problem(config, world_size); !problem.empty())
+    throw ConfigError(problem);
   const Precision precision = session.precision.precision;
   const Estimate one_sample[2] = {estimate_at(config, session, 1, false),
                                   estimate_at(config, session, 1, true)};

@@ -304,6 +304,20 @@ TEST_F(SupervisorRuns, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
       << log.text();
 }
 
+// A heartbeat left by an earlier run (a rank SIGKILLed at step 50) is not this run's: a worker
+// that fails before its first step, at a config check, is reported without a step.
+TEST_F(SupervisorRuns, AHeartbeatLeftByAnEarlierRunNamesNoStep) {
+  std::ofstream(dir_ + "/heartbeat") << "step 50\n";
+  auto o = options("echo 'gpurun error train.batch_size 64 must be divisible' >&2; exit 2");
+  o.progress_file = dir_ + "/heartbeat";
+  LogCapture log;
+  EXPECT_EQ(gpurun::supervise(o), 2);
+  ASSERT_EQ(exits_.size(), 1u);
+  EXPECT_EQ(exits_[0].step, -1);
+  EXPECT_EQ(log.text().find("at step 50"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("worker exited with code 2"), std::string::npos) << log.text();
+}
+
 TEST_F(SupervisorRuns, StopSignalIsForwardedAndNotRestarted) {
   auto o = options("trap 'exit 75' TERM; while true; do sleep 0.1; done", 3);
   std::thread stopper = stop_later(0.5, SIGTERM);
