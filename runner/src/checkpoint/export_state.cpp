@@ -19,6 +19,7 @@
 
 #include "checkpoint/shard_files.h"
 #include "gpurun/errors.h"
+#include "util/fd_io.h"
 #include "util/fs.h"
 #include "util/hash.h"
 
@@ -94,13 +95,8 @@ struct Fd {
 };
 
 void pread_exact(int fd, char* buf, int64_t n, int64_t pos, const std::string& path) {
-  for (int64_t got = 0; got < n;) {
-    const ssize_t r = ::pread(fd, buf + got, static_cast<size_t>(n - got), pos + got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("read", path, errno);
-    if (r == 0) throw DamagedCheckpointError(path + ": shorter than its records say");
-    got += r;
-  }
+  if (fs::pread_full(fd, buf, static_cast<size_t>(n), pos, path) != static_cast<size_t>(n))
+    throw DamagedCheckpointError(path + ": shorter than its records say");
 }
 
 }  // namespace
@@ -123,13 +119,7 @@ void export_fp32_state_dict(const LoadedCheckpoint& checkpoint, const std::strin
   if (out.fd < 0) throw IoError("create", tmp, errno);
   try {
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
-      const char* p = static_cast<const char*>(data);
-      for (size_t done = 0; done < n;) {
-        const ssize_t w = ::write(out.fd, p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) throw IoError("write", tmp, errno);
-        done += static_cast<size_t>(w);
-      }
+      fs::write_all(out.fd, static_cast<const char*>(data), n, tmp);
       return n;
     });
     // The pickle names each tensor's shape and dtype; its storage is never read, so a tensor

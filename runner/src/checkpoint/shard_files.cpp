@@ -16,6 +16,7 @@
 #include "gpurun/errors.h"
 #include "optim/flat_optimizer.h"
 #include "util/faults.h"
+#include "util/fd_io.h"
 #include "util/fs.h"
 #include "util/hash.h"
 
@@ -36,33 +37,6 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
-
-void write_all(int fd, const char* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, static_cast<size_t>(std::min(n, kChunkBytes)));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw IoError("write", path, errno);
-    }
-    data += w;
-    n -= w;
-  }
-}
-
-/// Reads exactly n bytes at pos, or fewer at the end of the file.
-int64_t pread_all(int fd, char* buf, int64_t n, int64_t pos, const std::string& path) {
-  int64_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, buf + got, static_cast<size_t>(n - got), pos + got);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw IoError("read", path, errno);
-    }
-    if (r == 0) break;
-    got += r;
-  }
-  return got;
-}
 
 }  // namespace
 
@@ -122,7 +96,7 @@ ShardFileEntry HostShardCopy::write(const std::string& folder) const {
       for (int64_t done = 0; done < n; done += kChunkBytes) {
         const int64_t w = std::min(kChunkBytes, n - done);
         hash.update(data + done, static_cast<size_t>(w));
-        write_all(file.fd, data + done, w, path);
+        fs::write_all(file.fd, data + done, static_cast<size_t>(w), path);
       }
       // Test hook: a process killed here leaves a partial shard in the temporary folder.
       if (i == 0) fault_point("shard_write", attempt);
@@ -215,7 +189,7 @@ void ShardReader::read_file(const std::string& name, std::vector<Request>& reque
       if (got > 0) std::memcpy(buf, memory->data() + pos, static_cast<size_t>(got));
       return got;
     }
-    return pread_all(file.fd, buf, n, pos, path);
+    return static_cast<int64_t>(fs::pread_full(file.fd, buf, static_cast<size_t>(n), pos, path));
   };
   if (!verify) {
     for (const Request& r : requests)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpurun/errors.h"
+#include "util/fd_io.h"
 
 namespace gpurun::fs::detail {
 
@@ -81,7 +82,7 @@ struct DirectWrite::Impl {
   int64_t finish() {
     const int64_t size = static_cast<int64_t>(staged_at) + static_cast<int64_t>(used);
     if (!started) {  // the whole file fits one buffer: one buffered write, no thread
-      if (used > 0) write_at(buffers[fill].get(), used, 0);
+      if (used > 0) pwrite_all(fd, buffers[fill].get(), used, 0, path);
       return size;
     }
     if (used > 0) {
@@ -188,30 +189,16 @@ struct DirectWrite::Impl {
       // way the rest goes through the cache, which writes it or says why it cannot.
       const size_t done = w > 0 ? static_cast<size_t>(w) : 0;
       set_direct(false);
-      write_at(p + done, n - done, job.at + static_cast<off_t>(done));
+      pwrite_all(fd, p + done, n - done, job.at + static_cast<off_t>(done), path);
       return;
     }
-    write_at(p, n, job.at);
+    pwrite_all(fd, p, n, job.at, path);
   }
 
   void set_direct(bool on) {
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags >= 0) (void)::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT);
     direct = on;
-  }
-
-  // pwrite(2) until every byte is written; EINTR and EAGAIN wrote nothing and are retried.
-  void write_at(const char* p, size_t n, off_t at) const {
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd, p, n, at);
-      if (w < 0) {
-        if (errno == EINTR || errno == EAGAIN) continue;
-        throw IoError("write", path, errno);
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-      at += w;
-    }
   }
 
   const int fd;

@@ -17,6 +17,7 @@
 
 #include "gpurun/errors.h"
 #include "util/direct_write.h"
+#include "util/fd_io.h"
 
 namespace gpurun::fs {
 namespace {
@@ -58,24 +59,6 @@ class UniqueFd {
   int fd_;
   std::string path_;
 };
-
-// write(2) until every byte is written. EINTR and EAGAIN mean that nothing was written, so
-// they are retried at once; any other error is thrown.
-void write_all(int fd, const char* p, size_t left, const std::string& path) {
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      throw_errno("write", path);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
-void write_all(int fd, const std::string& data, const std::string& path) {
-  write_all(fd, data.data(), data.size(), path);
-}
 
 // Writes a large file at the disk's speed with a bounded amount of it dirty in the page cache:
 // write(2) in 8 MiB chunks into the cache, as torch.save does; once a file is past kLag, each
@@ -290,7 +273,7 @@ void append_bytes(const std::string& path, const std::string& data) {
     const ssize_t n = ::write(fd->get(), data.data(), data.size());
     if (n < 0) {
       if (errno != EINTR && errno != EAGAIN) throw_errno("append", path);
-      write_all(fd->get(), data, path);
+      write_all(fd->get(), data.data(), data.size(), path);
     } else if (static_cast<size_t>(n) != data.size()) {
       throw IoError("append (short write of " + std::to_string(n) + " of " +
                         std::to_string(data.size()) + " bytes)",
