@@ -321,7 +321,9 @@ else
 fi
 
 # --- 9. mixed precision: fp16 with the gradient scaler resumed exactly, bf16 against fp32 ------
-cfg=$(config amp "{name: cnn, batch_norm: true}" "checkpoint: {every_steps: 8}")
+# Every checkpoint kept: a resume that ends elsewhere is traced to the first step where the two
+# runs' saved states part.
+cfg=$(config amp "{name: cnn, batch_norm: true}" "checkpoint: {every_steps: 8, keep_last: 16}")
 for p in fp32 bf16; do
   "$gpurun" "$cfg" --ckpt "$work/amp-$p" --device "$device" --set train.precision=$p \
     >"$logs/amp-$p.log" 2>&1
@@ -339,7 +341,7 @@ exits+="$? "
 exits+="$?"
 verdict=$("$python" - "$work" "$(digest "$work/amp-fp16")" "$(digest "$work/amp-killed")" "$exits" \
   "$(resume_of "$work/amp-killed")" <<'PY'
-import json, sys
+import glob, json, sys
 work, whole, killed, exits, resume = sys.argv[1:6]
 def accuracy(p):
     epochs = [json.loads(l) for l in open(f"{work}/amp-{p}/metrics.jsonl") if '"event":"epoch"' in l]
@@ -350,7 +352,29 @@ a32, a16 = accuracy("fp32"), accuracy("bf16")
 # A run that did not finish leaves an earlier checkpoint's digest: the exits say which.
 finished = exits.split() == ["0", "137", "0"]
 ok = a32 is not None and a16 is not None and abs(a32 - a16) <= 0.02 and whole and whole == killed and finished
-print(("pass" if ok else "fail") + f" bf16 accuracy {a16} vs fp32 {a32} ({seconds('fp32') / max(seconds('bf16'), 1e-9):.2f}x speed); fp16 + accumulation 2 SIGKILLed and resumed: digest {killed or 'none'} vs {whole or 'none'}" + ("" if finished else f", exits {exits} (whole, killed, resumed; expected 0 137 0)") + f", {resume}")
+def saved(p):
+    """step -> (model digest, scaler state, skipped steps) of every checkpoint the run kept."""
+    out = {}
+    for folder in glob.glob(f"{work}/amp-{p}/ckpt-e*-s*"):
+        try:
+            m = json.load(open(f"{folder}/manifest.json"))
+        except (OSError, ValueError):
+            continue
+        x = m.get("extra", {})
+        out[m["global_step"]] = (m["model_digest"], x.get("grad_scaler"), x.get("skipped_steps"))
+    return out
+def parted():
+    """Where the uninterrupted and the killed-and-resumed run's checkpoints first differ: before
+    the kill the two fresh runs already differ (not the resume); after it, the resume does."""
+    a, b = saved("fp16"), saved("killed")
+    both = sorted(set(a) & set(b))
+    first = next((s for s in both if a[s] != b[s]), None)
+    if first is None:
+        return f"; their checkpoints at steps {both} agree"
+    what = "digest" if a[first][0] != b[first][0] else "scaler state or skipped steps"
+    return (f"; first checkpoint that differs: step {first} ({what}: {a[first]} vs {b[first]}), "
+            + ("before the kill: the fresh runs differ" if first <= 21 else "after the resume"))
+print(("pass" if ok else "fail") + f" bf16 accuracy {a16} vs fp32 {a32} ({seconds('fp32') / max(seconds('bf16'), 1e-9):.2f}x speed); fp16 + accumulation 2 SIGKILLed and resumed: digest {killed or 'none'} vs {whole or 'none'}" + ("" if finished else f", exits {exits} (whole, killed, resumed; expected 0 137 0)") + f", {resume}" + ("" if ok or not whole or not killed else parted()))
 PY
 )
 # A verdict that itself failed (a run left no metrics) is a failed row, not an empty one.
