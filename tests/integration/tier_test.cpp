@@ -234,6 +234,32 @@ TEST(Tiers, ResumeTakesTheNewerTierEitherWayAndEndsWithTheUninterruptedDigest) {
   }
 }
 
+// A local_keep_last lowered on a resume that takes the network tier's checkpoint trims the
+// local disk at the resume, before the first save that must fit there.
+TEST(Tiers, ALocalKeepLastLoweredOnAResumeFromTheNetworkTierAppliesToTheLocalDiskAtOnce) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(120, 30, 3));
+  const std::string net = dir / "net", local = dir / "local";
+  const std::vector<std::string> tiered{"checkpoint.local_dir=" + local, "checkpoint.keep_last=5"};
+  Result first = run_gpurun(
+      with_sets({config, "--ckpt", net, "--set", "checkpoint.local_keep_last=5"}, tiered));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string tier = tier_under(local);
+  ASSERT_EQ(checkpoints_in(tier).size(), 3u);
+  fs::remove_all(tier + "/ckpt-e0003-s0000012");  // the network tier is now the newer one
+  const std::vector<std::string> network = checkpoints_in(net);
+  ASSERT_EQ(network.back(), "ckpt-e0003-s0000012");
+  // Extended by one epoch, killed after its first step, before any save.
+  Result r = run_gpurun(with_sets({config, "--ckpt", net, "--resume", "--set", "train.epochs=4",
+                                   "--set", "checkpoint.local_keep_last=1"},
+                                  tiered),
+                        {{"GPURUN_FAULT", "sigkill:after_step:*"}});
+  ASSERT_EQ(r.signal, SIGKILL) << "exit " << r.exit_code << "\n" << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from the network tier")) << r.err;
+  EXPECT_EQ(checkpoints_in(tier), (std::vector<std::string>{"ckpt-e0002-s0000008"}));
+  EXPECT_EQ(checkpoints_in(net), network);  // the network tier's retention is the copier's
+}
+
 // The local tier's newest checkpoint has one byte changed, which only its checksum finds: the
 // resume finds it as it reads the files, sets it aside and resumes from the network tier's
 // copy of the same step, exactly.
