@@ -145,7 +145,12 @@ import json, sys
 events = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if l.endswith("\n")]
 resumes = [e["global_step"] for e in events if e["event"] == "resume"]
 plans = [f"{e['micro_batch']}x{e['accumulation_steps']}" for e in events if e["event"] == "plan"]
-print(f"resumed at step {resumes[-1] if resumes else 'none'}, plans {' '.join(plans)}")
+# The resumed process's own comparison with the steps the killed one logged after its checkpoint.
+checks = [e for e in events if e["event"] == "resume_check"]
+check = "none (no step logged after the checkpoint)" if not checks else (
+    f"exact over steps {checks[-1]['first_step']}-{checks[-1]['last_step']}" if checks[-1]["exact"]
+    else f"differs at step {checks[-1]['global_step']}: {checks[-1]['loss']!r} vs {checks[-1]['logged_loss']!r} logged before the kill")
+print(f"resumed at step {resumes[-1] if resumes else 'none'}, plans {' '.join(plans)}, resume check {check}")
 PY
 }
 
@@ -329,7 +334,9 @@ for p in fp32 bf16; do
     >"$logs/amp-$p.log" 2>&1
 done
 # fp16 convolutions are slow on a CPU (LibTorch has no fast kernels there): the MLP instead.
-amp=(--set train.precision=fp16 --set train.accumulation_steps=2)
+# A step event every step: the resume check compares the steps logged between the checkpoint and
+# the kill.
+amp=(--set train.precision=fp16 --set train.accumulation_steps=2 --set log.every_steps=1)
 [ "$device" = cpu ] && amp+=(--set model.name=mlp)
 "$gpurun" "$cfg" --ckpt "$work/amp-fp16" --device "$device" "${amp[@]}" >"$logs/amp-fp16.log" 2>&1
 exits="$? "

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -76,8 +77,18 @@ pid_t start_gpurun(const std::vector<std::string>& args, const std::string& log_
   return spawn(argv, log_prefix + ".out", log_prefix + ".err", env);
 }
 
+namespace {
+std::atomic<int> inexact_resume_expected{0};
+}  // namespace
+
+InexactResumeExpected::InexactResumeExpected() { ++inexact_resume_expected; }
+InexactResumeExpected::~InexactResumeExpected() { --inexact_resume_expected; }
+
 Result wait_gpurun(pid_t pid, const std::string& log_prefix, double timeout_seconds) {
-  return wait_for(pid, log_prefix + ".out", log_prefix + ".err", timeout_seconds);
+  Result r = wait_for(pid, log_prefix + ".out", log_prefix + ".err", timeout_seconds);
+  if (inexact_resume_expected == 0 && r.err.find("not bit-exact") != std::string::npos)
+    ADD_FAILURE() << "a resume check found a resume that is not bit-exact:\n" << r.err;
+  return r;
 }
 
 Result run_gpurun(const std::vector<std::string>& args, const Env& env, double timeout_seconds) {
@@ -130,6 +141,12 @@ std::vector<nlohmann::json> events(const std::string& run_dir, const std::string
     if (!j.is_discarded() && j.value("event", "") == event) out.push_back(j);
   }
   return out;
+}
+
+size_t expect_exact_resume_checks(const std::string& run_dir) {
+  const std::vector<nlohmann::json> checks = events(run_dir, "resume_check");
+  for (const nlohmann::json& c : checks) EXPECT_TRUE(c.value("exact", false)) << c.dump();
+  return checks.size();
 }
 
 std::string slurp(const std::string& path) {

@@ -36,7 +36,19 @@ pid_t start_gpurun(const std::vector<std::string>& args, const std::string& log_
                    const Env& env = {});
 
 /// Waits for `pid` (at most `timeout_seconds`, then SIGKILLs it and fails the test).
+/// Every gpurun a test waits for is also checked for a resume check that found a resume not
+/// bit-exact (train/resume_check.h): any test that kills and resumes asserts exactness this
+/// way, unless an InexactResumeExpected is alive.
 Result wait_gpurun(pid_t pid, const std::string& log_prefix, double timeout_seconds = 300);
+
+/// While one is alive, wait_gpurun() accepts a resume check that found a difference.
+class InexactResumeExpected {
+ public:
+  InexactResumeExpected();
+  ~InexactResumeExpected();
+  InexactResumeExpected(const InexactResumeExpected&) = delete;
+  InexactResumeExpected& operator=(const InexactResumeExpected&) = delete;
+};
 
 /// Runs gpurun to completion.
 Result run_gpurun(const std::vector<std::string>& args, const Env& env = {},
@@ -104,6 +116,11 @@ std::optional<nlohmann::json> wait_for_event(
     const std::string& run_dir, const std::string& event,
     const std::function<bool(const nlohmann::json&)>& accept, pid_t pid,
     double timeout_seconds = 120);
+
+/// Expects every resume_check event of RUN_DIR/metrics.jsonl to say the resume was exact (the
+/// steps retrained after each resume logged the killed run's losses bit for bit); returns how
+/// many there are.
+size_t expect_exact_resume_checks(const std::string& run_dir);
 
 /// wait_for_event() for a `step` event at `global_step` or later (log.every_steps decides which
 /// steps have one).

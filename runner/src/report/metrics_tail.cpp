@@ -4,50 +4,54 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <string>
+
+#include "gpurun/errors.h"
+#include "util/fd_io.h"
 
 namespace gpurun {
 
-std::optional<nlohmann::json> last_event_in_tail(const std::string& path, const std::string& event,
-                                                 size_t tail_bytes) {
+std::vector<std::string> complete_lines_in_tail(const std::string& path, size_t tail_bytes) {
+  std::vector<std::string> lines;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
+  if (fd < 0) return lines;
   struct stat st {};
   std::string text;
+  off_t from = 0;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
     const off_t size = st.st_size;
-    const off_t from =
-        size > static_cast<off_t>(tail_bytes) ? size - static_cast<off_t>(tail_bytes) : 0;
+    from = size > static_cast<off_t>(tail_bytes) ? size - static_cast<off_t>(tail_bytes) : 0;
     text.resize(static_cast<size_t>(size - from));
-    size_t used = 0;
-    while (used < text.size()) {
-      const ssize_t n =
-          ::pread(fd, text.data() + used, text.size() - used, from + static_cast<off_t>(used));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      used += static_cast<size_t>(n);
-    }
-    text.resize(used);
-    // The first line may be cut by the window: it starts after the first newline.
-    if (from > 0) {
-      const size_t first = text.find('\n');
-      text.erase(0, first == std::string::npos ? text.size() : first + 1);
+    try {
+      text.resize(fs::pread_full(fd, text.data(), text.size(), from, path));
+    } catch (const IoError&) {
+      text.clear();
     }
   }
   ::close(fd);
+  // The first line may be cut by the window: it starts after the first newline.
+  size_t begin = 0;
+  if (from > 0) {
+    const size_t first = text.find('\n');
+    begin = first == std::string::npos ? text.size() : first + 1;
+  }
   // Only complete lines: a line without its '\n' is being written or was cut by a kill.
-  size_t end = text.rfind('\n');
-  while (end != std::string::npos && end > 0) {
-    const size_t start = text.rfind('\n', end - 1);
-    const size_t begin = start == std::string::npos ? 0 : start + 1;
-    const std::string line = text.substr(begin, end - begin);
-    if (line.find("\"" + event + "\"") != std::string::npos) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  for (size_t end = text.find('\n', begin); end != std::string::npos;
+       begin = end + 1, end = text.find('\n', begin))
+    lines.push_back(text.substr(begin, end - begin));
+  return lines;
+}
+
+std::optional<nlohmann::json> last_event_in_tail(const std::string& path, const std::string& event,
+                                                 size_t tail_bytes) {
+  try {
+    const std::vector<std::string> lines = complete_lines_in_tail(path, tail_bytes);
+    for (auto line = lines.rbegin(); line != lines.rend(); ++line) {
+      if (line->find("\"" + event + "\"") == std::string::npos) continue;
+      nlohmann::json j = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.value("event", "") == event) return j;
     }
-    if (start == std::string::npos) break;
-    end = start;
+  } catch (const std::exception&) {  // out of memory, an "event" that is not a string
   }
   return std::nullopt;
 }

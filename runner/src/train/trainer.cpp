@@ -110,11 +110,13 @@ void Trainer::run() {
     metrics_.start(global_step_, total_steps_);
     // The interval the checkpoint's process had open: the first step event covers the steps
     // since its last one, as the uninterrupted run's does (step_metrics.h).
-    if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_))
+    if (!carried_interval_.is_null() && !metrics_.continue_interval(carried_interval_)) {
       spdlog::warn(
           "the checkpoint's step_interval does not end at its global step {}; the first "
           "step event covers the resumed steps only",
           global_step_);
+      resume_check_ = ResumeCheck();  // the first interval differs from the stopped run's
+    }
     const double start_time = unix_seconds();
     nlohmann::json plan_event = plan_.to_json();
     plan_event["time"] = start_time;
@@ -124,6 +126,7 @@ void Trainer::run() {
     if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
     plan_event["data_workers"] = workers_;
     plan_event["data_prefetch"] = prefetch_;
+    plan_event["numerics"] = numerics();
     reporter_.event("plan", plan_event);
     reporter_.status({{"state", "running"},
                       {"epochs", config_.train.epochs},
@@ -163,6 +166,41 @@ nlohmann::json Trainer::where_it_ended() const {
   nlohmann::json fields = {{"epoch", epoch}, {"global_step", global_step_}};
   if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
   return fields;
+}
+
+nlohmann::json Trainer::numerics() const {
+  return {{"config_hash", config_hash(config_)},
+          {"log_every_steps", config_.log.every_steps},
+          {"world_size", world_},
+          {"micro_batch", plan_.micro_batch},
+          {"accumulation_steps", plan_.accumulation_steps},
+          {"activation_checkpointing", plan_.activation_checkpointing},
+          {"precision", plan_.precision},
+          {"shard", plan_.shard},
+          {"offload", plan_.offload},
+          {"threads", at::get_num_threads()},
+          {"cpu_capability", cpu_capability()},
+          {"device", device_.str()},
+          {"deterministic", !device_.is_cuda() || config_.train.deterministic}};
+}
+
+void Trainer::report_resume_check(const nlohmann::json& verdict) {
+  reporter_.event("resume_check", verdict);
+  reporter_.end_progress();
+  if (verdict["exact"].get<bool>()) {
+    spdlog::info(
+        "resume check: the {} step events retrained after the resume (global steps {} to {}) "
+        "hold the stopped run's losses bit for bit",
+        verdict["compared_steps"].get<int64_t>(), verdict["first_step"].get<int64_t>(),
+        verdict["last_step"].get<int64_t>());
+    return;
+  }
+  spdlog::warn(
+      "resume check: at global step {} the loss is {:.17g} where the stopped run logged {:.17g}, "
+      "with the same config, plan, threads, CPU and device: this resume is not bit-exact. "
+      "Please report it with {}/metrics.jsonl and the checkpoints",
+      verdict["global_step"].get<int64_t>(), verdict["loss"].get<double>(),
+      verdict["logged_loss"].get<double>(), run_dir_or_default(options_));
 }
 
 uint64_t Trainer::rank_seed() const {
@@ -219,6 +257,12 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
   if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
   restore_scaler(meta, loaded->info.path);
   checkpointer_.resumed_from(loaded->info.path, global_step_);
+  // Before this process writes an event: the losses the stopped one logged after the checkpoint.
+  if (rank_ == 0) {
+    resume_check_.load(run_dir_or_default(options_) + "/metrics.jsonl", global_step_, numerics());
+    if (!resume_check_.active())
+      spdlog::debug("resume check: nothing compared: {}", resume_check_.reason());
+  }
   reporter_.status({{"last_checkpoint", loaded->info.path}});
   spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                loaded->info.path, epoch_, global_step_, position_);
@@ -313,6 +357,9 @@ void Trainer::after_step(double loss, int64_t window) {
     fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
   }
   reporter_.event("step", fields);
+  if (std::optional<nlohmann::json> verdict =
+          resume_check_.observe(global_step_, interval.mean_loss))
+    report_resume_check(*verdict);
   reporter_.status({{"epoch", epoch_},
                     {"global_step", global_step_},
                     {"loss", interval.mean_loss},

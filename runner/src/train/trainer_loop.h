@@ -24,6 +24,7 @@
 #include "report/reporter.h"
 #include "train/immediate_stop.h"
 #include "train/precision.h"
+#include "train/resume_check.h"
 #include "train/run_setup.h"
 #include "train/sample_trace.h"
 #include "train/step_metrics.h"
@@ -125,6 +126,14 @@ class Trainer {
   /// checkpoint.every_steps or every_minutes asks for a save after this step.
   bool due_for_checkpoint() const;
 
+  /// What two processes must share to compute the same bits (train/resume_check.h): the
+  /// config's hash, the plan, log.every_steps, threads, CPU capability and device. In the plan
+  /// event; `deterministic` false (CUDA without train.deterministic) leaves resumes unchecked.
+  nlohmann::json numerics() const;
+
+  /// Logs the resume check's verdict (ResumeCheck::observe) and adds its resume_check event.
+  void report_resume_check(const nlohmann::json& verdict);
+
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position);
 
@@ -153,6 +162,7 @@ class Trainer {
   double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
   nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
+  ResumeCheck resume_check_;         ///< the stopped process's losses after the checkpoint
   at::Tensor hog_;  ///< GPURUN_FAULT=hogMIB: device memory held to force an OOM (util/faults.h)
   std::unique_ptr<StepOptimizer> optimizer_;
   std::optional<GradScaler> scaler_;  ///< fp16 only
