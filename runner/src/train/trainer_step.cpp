@@ -113,6 +113,7 @@ void Trainer::shrink_after_oom() {
       format_bytes(session_.meter->current_bytes()), smaller.micro_batch,
       smaller.accumulation_steps);
   plan_ = smaller;
+  resume_check_ = ResumeCheck();  // smaller micro-batches sum the losses in another order
   open_loader();  // the step again, in the smaller micro-batches
   nlohmann::json plan_event = plan_.to_json();
   plan_event["global_step"] = global_step_;
