@@ -147,9 +147,11 @@ resumes = [e["global_step"] for e in events if e["event"] == "resume"]
 plans = [f"{e['micro_batch']}x{e['accumulation_steps']}" for e in events if e["event"] == "plan"]
 # The resumed process's own comparison with the steps the killed one logged after its checkpoint.
 checks = [e for e in events if e["event"] == "resume_check"]
-check = "none (no step logged after the checkpoint)" if not checks else (
-    f"exact over steps {checks[-1]['first_step']}-{checks[-1]['last_step']}" if checks[-1]["exact"]
-    else f"differs at step {checks[-1]['global_step']}: {checks[-1]['loss']!r} vs {checks[-1]['logged_loss']!r} logged before the kill")
+last = checks[-1] if checks else {}
+check = ("none" if not checks
+         else f"not made ({last.get('reason', '?')})" if "exact" not in last
+         else f"exact over steps {last['first_step']}-{last['last_step']}" if last["exact"]
+         else f"differs at step {last['global_step']}: {last['loss']!r} vs {last['logged_loss']!r} logged before the kill")
 print(f"resumed at step {resumes[-1] if resumes else 'none'}, plans {' '.join(plans)}, resume check {check}")
 PY
 }

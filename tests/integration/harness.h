@@ -117,9 +117,9 @@ std::optional<nlohmann::json> wait_for_event(
     const std::function<bool(const nlohmann::json&)>& accept, pid_t pid,
     double timeout_seconds = 120);
 
-/// Expects every resume_check event of RUN_DIR/metrics.jsonl to say the resume was exact (the
-/// steps retrained after each resume logged the killed run's losses bit for bit); returns how
-/// many there are.
+/// Expects every resume_check event of RUN_DIR/metrics.jsonl that compared steps to say the
+/// resume was exact (the steps retrained after each resume logged the killed run's losses bit
+/// for bit); returns how many compared steps.
 size_t expect_exact_resume_checks(const std::string& run_dir);
 
 /// wait_for_event() for a `step` event at `global_step` or later (log.every_steps decides which

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -331,13 +332,14 @@ TEST(ResumeCheck, TheStepsTheKilledRunLoggedAfterItsCheckpointAreComparedBitForB
 }
 
 // Where the two processes compute with other numerics (here another thread count, another
-// log.every_steps) equal losses are not to be expected: nothing is compared. With nothing
-// changed, the same kill and resume are checked.
+// log.every_steps, a longer schedule) equal losses are not to be expected: nothing is compared,
+// and a resume_check event and a line say why. With nothing changed, the same kill and resume
+// are checked.
 TEST(ResumeCheck, NothingIsComparedWhenTheNumericsDiffer) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(230, 10, 1));
   const std::vector<std::string> sets{"checkpoint.every_steps=7", "checkpoint.async=false"};
-  for (const std::string change : {"", "train.threads=2", "log.every_steps=2"}) {
+  for (const std::string change : {"", "train.threads=2", "log.every_steps=2", "train.epochs=2"}) {
     SCOPED_TRACE("changed: " + change);
     const std::string ckpt = dir / ("ckpt-" + change);
     const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), ckpt + "-killed",
@@ -350,9 +352,57 @@ TEST(ResumeCheck, NothingIsComparedWhenTheNumericsDiffer) {
     Result resumed = run_gpurun(resume);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
     EXPECT_EQ(events(ckpt, "resume").size(), 1u);
-    EXPECT_EQ(events(ckpt, "resume_check").size(), change.empty() ? 1u : 0u);
-    EXPECT_EQ(contains(resumed.err, "resume check"), change.empty()) << resumed.err;
+    const auto checks = events(ckpt, "resume_check");
+    ASSERT_EQ(checks.size(), 1u);
+    if (change.empty()) {
+      EXPECT_EQ(checks[0]["exact"], true) << checks[0].dump();
+      continue;
+    }
+    EXPECT_FALSE(checks[0].contains("exact")) << checks[0].dump();
+    EXPECT_EQ(checks[0]["compared_steps"], 0);
+    EXPECT_GE(checks[0]["logged_steps"].get<int64_t>(), 2);  // steps 8 and 9 at least
+    EXPECT_TRUE(contains(checks[0]["reason"].get<std::string>(), "other numerics"))
+        << checks[0].dump();
+    EXPECT_TRUE(contains(resumed.err, "are not compared: the stopped run computed with other"))
+        << resumed.err;
   }
+}
+
+// Two runs logging into one --run-dir: resuming the first is never compared with the second's
+// steps, though they were logged last (the run's id is part of the numerics).
+TEST(ResumeCheck, AnotherRunInTheSameRunDirIsNotComparedWith) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(230, 10, 1));
+  const std::string run_dir = dir / "runs";
+  const std::vector<std::string> sets{"checkpoint.every_steps=7", "checkpoint.async=false",
+                                      "train.seed=8"};
+  for (const std::string name : {"a", "b"}) {
+    std::vector<std::string> args = {config, "--ckpt", dir / name, "--run-dir", run_dir};
+    if (name == "b")
+      args = with_sets(args, sets);  // another seed: other losses
+    else
+      args = with_sets(args, {sets[0], sets[1]});
+    // This process's events only: the other run's are in the same file.
+    const double started =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const pid_t pid =
+        start_gpurun(args, dir / (name + "-killed"), {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    ASSERT_TRUE(wait_for_event(
+        run_dir, "step",
+        [&](const nlohmann::json& e) {
+          return e.value("time", 0.0) >= started && e.value("global_step", int64_t{0}) >= 9;
+        },
+        pid));
+    kill(pid, SIGKILL);
+    ASSERT_EQ(wait_gpurun(pid, dir / (name + "-killed")).signal, SIGKILL);
+  }
+  Result resumed = run_gpurun(with_sets(
+      {config, "--ckpt", dir / "a", "--run-dir", run_dir, "--resume"}, {sets[0], sets[1]}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto checks = events(run_dir, "resume_check");
+  ASSERT_EQ(checks.size(), 1u);
+  EXPECT_FALSE(checks[0].contains("exact")) << checks[0].dump();
+  EXPECT_TRUE(contains(checks[0]["reason"].get<std::string>(), "other numerics"));
 }
 
 // Issue 31 item 4: train.epochs below the checkpoint is refused (exit 3, never retried), equal

@@ -105,9 +105,10 @@ void log_resume_differences(const LoadedCheckpoint& loaded, const RunConfig& con
   if (first) log_run_length_change(loaded, config, process.steps_per_epoch);
   if (meta.threads != at::get_num_threads() || meta.cpu_capability != cpu_capability())
     spdlog::warn(
-        "checkpoint was written with {} threads and CPU capability {}; this run uses "
+        "checkpoint was written with {} thread{} and CPU capability {}; this run uses "
         "{} and {}: results will differ in the last bits",
-        meta.threads, meta.cpu_capability, at::get_num_threads(), cpu_capability());
+        meta.threads, meta.threads == 1 ? "" : "s", meta.cpu_capability, at::get_num_threads(),
+        cpu_capability());
   if (!process.rng_restored)
     spdlog::warn(
         "rank {}: {} was written by {} rank(s) and holds no random state for this "

@@ -1,5 +1,6 @@
 #include "train/resume_check.h"
 
+#include <cstdint>
 #include <exception>
 #include <vector>
 
@@ -11,6 +12,7 @@ void ResumeCheck::load(const std::string& metrics_path, int64_t resumed_step,
                        const nlohmann::json& numerics) {
   logged_.clear();
   compared_ = 0;
+  logged_steps_ = 0;
   finished_ = false;
   reason_ = "no step of the stopped run after the checkpoint is in its metrics.jsonl";
   if (!numerics.value("deterministic", true)) {
@@ -26,12 +28,19 @@ void ResumeCheck::load(const std::string& metrics_path, int64_t resumed_step,
       if (!e.is_object() || !e.contains("event") || !e["event"].is_string()) continue;
       const std::string event = e["event"].get<std::string>();
       if (event == "step") {
-        if (!e.contains("global_step") || !e.contains("loss") || !e["loss"].is_number()) continue;
-        const int64_t step = e["global_step"].get<int64_t>();
-        if (step > resumed_step) logged.emplace(step, e["loss"].get<double>());
+        // A line that is not one of gpurun's step events (edited, damaged) is passed over.
+        const auto step = e.find("global_step");
+        const auto loss = e.find("loss");
+        if (step == e.end() || !step->is_number_integer() || loss == e.end() || !loss->is_number())
+          continue;
+        if (step->is_number_unsigned() && step->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+          continue;
+        if (step->get<int64_t>() > resumed_step)
+          logged.emplace(step->get<int64_t>(), loss->get<double>());
         continue;
       }
       if (event != "plan") continue;
+      logged_steps_ = static_cast<int64_t>(logged.size());
       if (logged.empty()) return;
       if (!e.contains("numerics")) {
         // A plan without it: an out-of-memory fallback (its steps ran at another micro-batch)
@@ -48,6 +57,7 @@ void ResumeCheck::load(const std::string& metrics_path, int64_t resumed_step,
       reason_.clear();
       return;
     }
+    logged_steps_ = static_cast<int64_t>(logged.size());
     if (!logged.empty()) reason_ = "the stopped run's plan event is not in metrics.jsonl's tail";
   } catch (const std::exception& e) {
     logged_.clear();

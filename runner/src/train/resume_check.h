@@ -24,14 +24,20 @@ class ResumeCheck {
   /// Reads, from the end of `metrics_path`, the step events that the process before this one
   /// logged after `resumed_step` (global step), back to its plan event. They are kept for the
   /// comparison only when that plan event's `numerics` equals `numerics` (the object this
-  /// process puts in its own plan event); otherwise `reason()` says why nothing is compared.
-  /// Never throws: a missing or unreadable file means nothing to compare.
+  /// process puts in its own plan event: it names the checkpoint directory, so that another
+  /// run sharing the run directory is never compared with) and `numerics["deterministic"]` is
+  /// not false; otherwise `reason()` says why nothing is compared. Lines that are not step or
+  /// plan events with the expected types are passed over. Never throws: a missing or unreadable
+  /// file means nothing to compare.
   void load(const std::string& metrics_path, int64_t resumed_step, const nlohmann::json& numerics);
 
   /// Whether any step is left to compare.
   bool active() const { return !logged_.empty() && !finished_; }
   /// Why load() found nothing to compare ("" when it did).
   const std::string& reason() const { return reason_; }
+  /// How many step events of the stopped run after the checkpoint load() found, compared or
+  /// not: where some were found but not compared, the reason is worth telling.
+  int64_t logged_steps() const { return logged_steps_; }
 
   /// This process's step event at `step` with interval mean loss `loss`. Returns the verdict,
   /// as the fields of a resume_check event, once: at the first step whose loss differs from the
@@ -44,6 +50,7 @@ class ResumeCheck {
   std::map<int64_t, double> logged_;  ///< global step -> interval mean loss, of the stopped run
   std::string reason_;
   int64_t compared_ = 0;
+  int64_t logged_steps_ = 0;
   bool finished_ = false;
 };
 

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -168,8 +169,19 @@ nlohmann::json Trainer::where_it_ended() const {
   return fields;
 }
 
+std::string Trainer::new_run_id() {
+  std::random_device device;
+  const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return fmt::format("{:016x}", id);
+}
+
 nlohmann::json Trainer::numerics() const {
   return {{"config_hash", config_hash(config_)},
+          // The learning-rate schedule's length (train.epochs is not hashed: it may grow).
+          {"total_steps", total_steps_},
+          // This run's lineage: another run logging into the same --run-dir has another, and a
+          // checkpoint folder copied elsewhere keeps it.
+          {"run_id", run_id_},
           {"log_every_steps", config_.log.every_steps},
           {"world_size", world_},
           {"micro_batch", plan_.micro_batch},
@@ -197,8 +209,9 @@ void Trainer::report_resume_check(const nlohmann::json& verdict) {
   }
   spdlog::warn(
       "resume check: at global step {} the loss is {:.17g} where the stopped run logged {:.17g}, "
-      "with the same config, plan, threads, CPU and device: this resume is not bit-exact. "
-      "Please report it with {}/metrics.jsonl and the checkpoints",
+      "with the same numerics (hashed config, total steps, plan, threads, CPU and device): this "
+      "resume is not bit-exact. Unless the data files changed since, please report it with "
+      "{}/metrics.jsonl and the checkpoints",
       verdict["global_step"].get<int64_t>(), verdict["loss"].get<double>(),
       verdict["logged_loss"].get<double>(), run_dir_or_default(options_));
 }
@@ -255,14 +268,12 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
   epoch_loss_samples_ = meta.extra.value("epoch_loss_samples", int64_t{0});
   carried_interval_ = meta.extra.value("step_interval", nlohmann::json());
   if (meta.extra.contains("init_from")) init_from_ = meta.extra["init_from"];
+  // The lineage the checkpoint belongs to (none from a gpurun that did not record it).
+  run_id_ = meta.extra.contains("run_id") && meta.extra["run_id"].is_string()
+                ? meta.extra["run_id"].get<std::string>()
+                : std::string();
   restore_scaler(meta, loaded->info.path);
   checkpointer_.resumed_from(loaded->info.path, global_step_);
-  // Before this process writes an event: the losses the stopped one logged after the checkpoint.
-  if (rank_ == 0) {
-    resume_check_.load(run_dir_or_default(options_) + "/metrics.jsonl", global_step_, numerics());
-    if (!resume_check_.active())
-      spdlog::debug("resume check: nothing compared: {}", resume_check_.reason());
-  }
   reporter_.status({{"last_checkpoint", loaded->info.path}});
   spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
                loaded->info.path, epoch_, global_step_, position_);
@@ -274,6 +285,19 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
                              {"epoch", epoch_},
                              {"global_step", global_step_},
                              {"position_in_epoch", position_}});
+  // The losses the stopped process logged after the checkpoint (this one has logged no step).
+  if (rank_ != 0) return;
+  resume_check_.load(run_dir_or_default(options_) + "/metrics.jsonl", global_step_, numerics());
+  if (resume_check_.active()) return;
+  reporter_.event("resume_check", {{"compared_steps", 0},
+                                   {"logged_steps", resume_check_.logged_steps()},
+                                   {"reason", resume_check_.reason()}});
+  // Steps were logged after the checkpoint but cannot be compared: say why. None logged (a stop
+  // signal saves at the step it stops) is the common case and needs no line.
+  if (resume_check_.logged_steps() > 0)
+    spdlog::info(
+        "resume check: the {} step events logged after the checkpoint are not compared: {}",
+        resume_check_.logged_steps(), resume_check_.reason());
 }
 
 void Trainer::run_epoch() {
@@ -395,6 +419,7 @@ void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
   // The step events' open interval, so that a resume logs what the uninterrupted run would.
   meta.extra["step_interval"] = metrics_.interval_state();
   if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
+  meta.extra["run_id"] = run_id_;
   if (position > 0) {
     meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
     meta.extra["epoch_loss_samples"] = epoch_loss_samples_;

@@ -127,9 +127,13 @@ class Trainer {
   bool due_for_checkpoint() const;
 
   /// What two processes must share to compute the same bits (train/resume_check.h): the
-  /// config's hash, the plan, log.every_steps, threads, CPU capability and device. In the plan
-  /// event; `deterministic` false (CUDA without train.deterministic) leaves resumes unchecked.
+  /// config's hash, the total of optimizer steps, the run's id (run_id_), log.every_steps,
+  /// the plan, threads, CPU capability and device. In the plan event; `deterministic` false
+  /// (CUDA without train.deterministic) leaves resumes unchecked.
   nlohmann::json numerics() const;
+
+  /// 16 hex digits from std::random_device.
+  static std::string new_run_id();
 
   /// Logs the resume check's verdict (ResumeCheck::observe) and adds its resume_check event.
   void report_resume_check(const nlohmann::json& verdict);
@@ -168,6 +172,10 @@ class Trainer {
   std::optional<GradScaler> scaler_;  ///< fp16 only
   int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
   nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
+  /// Random at a fresh start, then carried by every checkpoint (manifest extra.run_id): the
+  /// lineage of a run, which the resume check compares (drawn from std::random_device, never
+  /// from a generator that training uses).
+  std::string run_id_ = new_run_id();
   MemoryPlan plan_;
   at::Tensor order_;                     ///< this epoch's permutation
   int64_t workers_ = 0, prefetch_ = 0;   ///< data.workers and data.prefetch resolved

@@ -114,7 +114,7 @@ void Trainer::shrink_after_oom() {
       smaller.accumulation_steps);
   plan_ = smaller;
   resume_check_ = ResumeCheck();  // smaller micro-batches sum the losses in another order
-  open_loader();  // the step again, in the smaller micro-batches
+  open_loader();                  // the step again, in the smaller micro-batches
   nlohmann::json plan_event = plan_.to_json();
   plan_event["global_step"] = global_step_;
   plan_event["out_of_memory"] = true;  // a fallback, not a start: gpurun report marks it

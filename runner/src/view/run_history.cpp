@@ -46,7 +46,7 @@ RunHistory read_run_history(const std::string& dir) {
     nlohmann::json line =
         nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
                               text.begin() + static_cast<std::ptrdiff_t>(end), nullptr, false);
-    if (line.is_object() && line.contains("event"))
+    if (line.is_object() && line.contains("event") && line["event"].is_string())
       run.events.push_back(std::move(line));
     else if (end > begin)
       run.unreadable_lines.push_back(run.complete_lines);

@@ -63,16 +63,18 @@ TEST(RunHistory, AHalfWrittenLastLineIsLeftOutAndABrokenOneSkipped) {
         "{\"event\":\"plan\",\"time\":1,\"global_step\":0}\n"
         "not json\n"
         "{\"event\":\"step\",\"time\":2,\"global_step\":10,\"loss\":1.5}\n"
+        "{\"event\":5}\n"
         "{\"event\":\"step\",\"time\":3,\"glob");
   const gpurun::RunHistory run = gpurun::read_run_history(dir.path());
   EXPECT_EQ(run.events.size(), 2u);
-  EXPECT_EQ(run.complete_lines, 3);
+  EXPECT_EQ(run.complete_lines, 4);
   EXPECT_TRUE(run.incomplete_tail);
-  ASSERT_EQ(run.unreadable_lines.size(), 1u);
+  ASSERT_EQ(run.unreadable_lines.size(), 2u);
   EXPECT_EQ(run.unreadable_lines[0], 2);
+  EXPECT_EQ(run.unreadable_lines[1], 4);  // an "event" that is not a name
   const json data = gpurun::run_report_data(run);
   ASSERT_GE(data["notes"].size(), 2u);
-  EXPECT_NE(data["notes"][0].get<std::string>().find("read up to line 3"), std::string::npos);
+  EXPECT_NE(data["notes"][0].get<std::string>().find("read up to line 4"), std::string::npos);
 }
 
 // Process 1 trains to step 30, saves at 20 and is SIGKILLed; process 2 resumes at 20 and
