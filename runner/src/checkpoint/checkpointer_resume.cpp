@@ -105,13 +105,12 @@ void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   // whatever its age. A resume from the network tier trims the local disk too (its first save
   // goes there); the network tier's own retention waits for the copier's next copy, so that
   // storage that hangs never holds up the start.
-  if (rank_ == 0) {
-    const bool from_local = in_local_tier(path);
-    (from_local ? *local_ : store_).retain(checkpoint_folder::name_of(path));
-    if (local_ && !from_local) local_->retain();
-  }
+  if (rank_ != 0) return;
+  const bool from_local = in_local_tier(path);
+  (from_local ? *local_ : store_).retain(checkpoint_folder::name_of(path));
+  if (local_ && !from_local) local_->retain();
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
-  if (rank_ == 0 && in_local_tier(path) && store_.view().newest_complete_step() < global_step)
+  if (from_local && store_.view().newest_complete_step() < global_step)
     copier_->offer(path, global_step);
 }
 

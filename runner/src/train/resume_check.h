@@ -1,8 +1,8 @@
 // The resume check: a process resumed from a checkpoint retrains the steps that the stopped
 // process had done after that checkpoint, and logs their losses again. Where both processes
-// computed with the same numerics (the same config, plan, threads, CPU and a deterministic
-// device), an exact resume logs the very same bits; the check compares them, so that every
-// resume of every run proves itself exact, or names the first step where it is not.
+// computed with the same numerics (the same run, config, plan, threads, CPU and a
+// deterministic device), an exact resume logs the very same bits; the check compares them, so that
+// every resume of every run proves itself exact, or names the first step where it is not.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +24,8 @@ class ResumeCheck {
   /// Reads, from the end of `metrics_path`, the step events that the process before this one
   /// logged after `resumed_step` (global step), back to its plan event. They are kept for the
   /// comparison only when that plan event's `numerics` equals `numerics` (the object this
-  /// process puts in its own plan event: it names the checkpoint directory, so that another
-  /// run sharing the run directory is never compared with) and `numerics["deterministic"]` is
+  /// process puts in its own plan event: it holds the run's id, so that another run sharing the
+  /// run directory is never compared with) and `numerics["deterministic"]` is
   /// not false; otherwise `reason()` says why nothing is compared. Lines that are not step or
   /// plan events with the expected types are passed over. Never throws: a missing or unreadable
   /// file means nothing to compare.
