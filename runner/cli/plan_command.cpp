@@ -274,7 +274,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   const StateShape state_parts = state_shape(*session.model);
   OptimizerPlacement placement;
   placement.shard = plan.shard;
-  placement.master_weights = config.optim.master_weights && precision != Precision::kFp32;
+  placement.master_weights = uses_master_weights(config, precision);
   placement.offload = plan.offload;
   const Estimate rank =
       rank_state(state_parts, config.optim, precision, placement, plan.world_size);

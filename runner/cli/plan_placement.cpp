@@ -41,7 +41,7 @@ nlohmann::json modes_json(const RunConfig& c, const StateShape& shape, const Est
 /// `one` (its activations).
 std::function<Workload::RankNeed(int64_t, bool)> sharded_need(const RunConfig& c, StateShape shape,
                                                               Estimate one, Precision precision) {
-  const bool master = c.optim.master_weights && precision != Precision::kFp32;
+  const bool master = uses_master_weights(c, precision);
   return
       [optim = c.optim, master, shape = std::move(shape), one, precision](int64_t n, bool offload) {
         Workload::RankNeed best;

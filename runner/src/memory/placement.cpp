@@ -168,7 +168,7 @@ PlacementChoice place_optimizer(const RunConfig& config, const StateShape& state
   PlacementRequest r;
   r.shard = config.distributed.shard;
   r.offload = config.optim.offload;
-  r.master_weights = config.optim.master_weights && precision != Precision::kFp32;
+  r.master_weights = uses_master_weights(config, precision);
   r.strategy = config.memory.strategy;
   r.world_size = world_size;
   PlanRequest capacity;

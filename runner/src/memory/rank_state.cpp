@@ -40,8 +40,13 @@ int64_t StateShape::largest_numel() const {
 
 StateShape state_shape(SegmentedModel& model) {
   StateShape shape;
-  int64_t all = 0, trainable = 0;
-  for (const auto& entry : state_dict(model)) all += static_cast<int64_t>(entry.second.nbytes());
+  int64_t all = 0, trainable = 0, all_float = 0, all_float_numel = 0;
+  for (const auto& entry : state_dict(model)) {
+    all += static_cast<int64_t>(entry.second.nbytes());
+    if (!entry.second.is_floating_point()) continue;
+    all_float += static_cast<int64_t>(entry.second.nbytes());
+    all_float_numel += entry.second.numel();
+  }
   for (const auto& item : model.named_parameters()) {
     const at::Tensor& p = item.value();
     if (!p.requires_grad()) continue;
@@ -50,6 +55,8 @@ StateShape state_shape(SegmentedModel& model) {
     trainable += static_cast<int64_t>(p.nbytes());
   }
   shape.other_bytes = all - trainable;
+  shape.other_float_bytes = all_float - trainable;
+  shape.other_float_numel = all_float_numel - shape.numel();
   return shape;
 }
 
@@ -80,7 +87,10 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   const int64_t p = layout.padded_numel(), s = layout.shard_numel();
   const bool master = placement.master_weights && half > 0;
   const int64_t w = master ? half : elem;
-  e.parameters = shape.other_bytes + w * p;
+  const int64_t others =
+      master ? shape.other_bytes - shape.other_float_bytes + half * shape.other_float_numel
+             : shape.other_bytes;
+  e.parameters = others + w * p;
   e.gradients = w * p;
   e.gradients_released = placement.shard == "gradients";
   e.gradient_slice = 4 * s + w * s;

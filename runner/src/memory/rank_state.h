@@ -11,11 +11,12 @@
 // Flat, P the padded element count (optim/flat_layout.h: each parameter aligned to 64
 // elements, the whole padded to a multiple of N x 64), S = P / N, w the weights' bytes (2 with
 // master weights under bf16/fp16, else 4), per flat_optimizer.h's header:
-//   parameter buffer wP; gradient buffer wP, alive through every backward pass of a step (a
-//   local full accumulation) and, in mode gradients, released before the update;
-//   fp32 gradient slice 4S and the all-gather's send buffer wS;
-//   Adam's moments 8S (SGD with momentum 4S); fp32 master slice 4S (master weights or offload);
-//   offload: the moments, the master slice and a 4S gradient copy in host memory instead.
+//   parameter buffer wP (and the buffers and frozen parameters, in 16 bits with master
+//   weights, as the run holds them); gradient buffer wP, alive through every backward pass of a
+//   step (a local full accumulation) and, in mode gradients, released before the update; fp32
+//   gradient slice 4S and the all-gather's send buffer wS; Adam's moments 8S (SGD with momentum
+//   4S); fp32 master slice 4S (master weights or offload); offload: the moments, the master slice
+//   and a 4S gradient copy in host memory instead.
 // A flat placement with distributed.shard none (master weights or offload alone) still cuts
 // its state over the ranks of the process group, as mode optimizer does.
 #pragma once
@@ -39,9 +40,12 @@ struct StateShape {
   std::vector<std::pair<std::string, std::vector<int64_t>>> trainable;
   int64_t trainable_element_bytes = 4;  ///< bytes of an element as built (fp32: 4)
   int64_t other_bytes = 0;              ///< buffers and frozen parameters, as built
-  int64_t numel() const;                ///< trainable elements, without padding
-  int64_t matrix_numel() const;         ///< trainable elements of tensors of 2 or more dims
-  int64_t largest_numel() const;        ///< elements of the largest trainable parameter
+  /// Of other_bytes, the floating-point ones and their element count: with master weights
+  /// the model is held in 16 bits (optim/step_optimizer.h's held_dtype()), these included.
+  int64_t other_float_bytes = 0, other_float_numel = 0;
+  int64_t numel() const;          ///< trainable elements, without padding
+  int64_t matrix_numel() const;   ///< trainable elements of tensors of 2 or more dims
+  int64_t largest_numel() const;  ///< elements of the largest trainable parameter
 };
 
 class SegmentedModel;

@@ -53,8 +53,11 @@ FlatOptimizer::FlatOptimizer(const OptimConfig& optim, FlatOptimizerOptions opti
                         std::string(c10::toString(first.scalar_type())) + " on " +
                         first.device().str());
   }
-  if (options_.master_weights && first.scalar_type() != at::kFloat)
-    throw ConfigError("optim.master_weights: the model's parameters must be built in fp32");
+  if (options_.master_weights && first.scalar_type() != at::kFloat &&
+      first.scalar_type() != options_.half)
+    throw ConfigError("optim.master_weights: the model's parameters are " +
+                      std::string(c10::toString(first.scalar_type())) + ", not fp32 or " +
+                      std::string(c10::toString(options_.half)));
   const c10::Device device = first.device();
   const auto dtype = options_.master_weights ? options_.half : first.scalar_type();
   const auto on_device = at::TensorOptions().device(device).dtype(dtype);

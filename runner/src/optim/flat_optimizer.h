@@ -57,10 +57,13 @@ class FlatOptimizer final : public StepOptimizer {
  public:
   /// Takes over `params` (name, parameter; one dtype and device): their storage moves into
   /// the flat parameter buffer (cast to `half` with master weights), their .grad into the
-  /// gradient buffer. `comm` nullptr: one process, or a memory probe acting as rank `rank`
-  /// of `world_size` without collectives (reduce-scatter and all-gather copy its own slice).
+  /// gradient buffer. With master weights the parameters are fp32 or already `half` (a run
+  /// holds its model in 16 bits: train/run_setup.h), and the master slice starts from the
+  /// 16-bit values, as Megatron-core's optimizer copies its main parameters from the model's
+  /// bf16 ones. `comm` nullptr: one process, or a memory probe acting as rank `rank` of
+  /// `world_size` without collectives (reduce-scatter and all-gather copy its own slice).
   /// Throws ConfigError for parameters of mixed dtypes or devices, or master weights over
-  /// non-fp32 parameters.
+  /// parameters neither fp32 nor `half`.
   FlatOptimizer(const OptimConfig& optim, FlatOptimizerOptions options,
                 const std::vector<std::pair<std::string, at::Tensor>>& params,
                 StepCollectives* comm, int64_t rank = 0, int64_t world_size = 1);

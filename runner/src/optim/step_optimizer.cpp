@@ -51,7 +51,7 @@ OptimizerPlacement resolve_placement(const RunConfig& config, const std::string&
                                      bool offload, int world_size, Precision precision) {
   OptimizerPlacement p;
   p.shard = shard;
-  p.master_weights = config.optim.master_weights && precision != Precision::kFp32;
+  p.master_weights = uses_master_weights(config, precision);
   if (config.optim.master_weights && !p.master_weights)
     spdlog::info("optim.master_weights: the run trains in fp32; its weights are the master");
   p.offload = offload;
@@ -69,6 +69,15 @@ OptimizerPlacement resolve_placement(const RunConfig& config, const std::string&
 
 c10::ScalarType half_dtype(Precision precision) {
   return precision == Precision::kFp16 ? at::kHalf : at::kBFloat16;
+}
+
+bool uses_master_weights(const RunConfig& config, Precision precision) {
+  return config.optim.master_weights && precision != Precision::kFp32;
+}
+
+std::optional<c10::ScalarType> held_dtype(const RunConfig& config, Precision precision) {
+  if (!uses_master_weights(config, precision)) return std::nullopt;
+  return half_dtype(precision);
 }
 
 std::unique_ptr<StepOptimizer> make_step_optimizer(

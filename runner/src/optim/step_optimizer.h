@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,14 @@ OptimizerPlacement resolve_placement(const RunConfig& config, const std::string&
 
 /// The 16-bit dtype of master-weight runs: fp16 for fp16, else bf16.
 c10::ScalarType half_dtype(Precision precision);
+
+/// Whether fp32 master weights apply: optim.master_weights under bf16 or fp16 (in fp32 the
+/// weights are their own master).
+bool uses_master_weights(const RunConfig& config, Precision precision);
+
+/// The dtype the model's floating-point parameters and buffers are held in when it is not the
+/// one they were built in: half_dtype() with master weights, else none.
+std::optional<c10::ScalarType> held_dtype(const RunConfig& config, Precision precision);
 
 /// `params`: the model's trainable parameters by name, in trainable_parameters()' order.
 /// A replicated placement gives LibTorch's optimizer (train/optimizer.h) with `comm`'s

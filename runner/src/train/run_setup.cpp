@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -31,6 +32,7 @@
 #include "model/fine_tune.h"
 #include "model/torchscript_model.h"
 #include "model/without_weights.h"
+#include "optim/step_optimizer.h"
 #include "train/device.h"
 #include "train/suspicious_settings.h"
 #include "util/signals.h"
@@ -99,7 +101,9 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
       const StateShape state = state_shape(*s.model);
       answer["state"] = {{"trainable", state.trainable},
                          {"element_bytes", state.trainable_element_bytes},
-                         {"other_bytes", state.other_bytes}};
+                         {"other_bytes", state.other_bytes},
+                         {"other_float_bytes", state.other_float_bytes},
+                         {"other_float_numel", state.other_float_numel}};
     } catch (const c10::Error& e) {
       answer = {{"error", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
@@ -142,6 +146,8 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
         state["trainable"].get<std::vector<std::pair<std::string, std::vector<int64_t>>>>();
     shape.state.trainable_element_bytes = state["element_bytes"].get<int64_t>();
     shape.state.other_bytes = state["other_bytes"].get<int64_t>();
+    shape.state.other_float_bytes = state["other_float_bytes"].get<int64_t>();
+    shape.state.other_float_numel = state["other_float_numel"].get<int64_t>();
   }
   return shape;
 }
@@ -272,12 +278,25 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   // model whose weights alone exceed the capacity is refused with what it needs.
   s.meter = make_meter(s.device, limit);
   auto tensors = state_dict(*s.model);
-  const int64_t weights = static_cast<int64_t>(
-      std::accumulate(tensors.begin(), tensors.end(), size_t{0},
-                      [](size_t n, const auto& e) { return n + e.second.nbytes(); }));
+  // With master weights the model is held in 16 bits, its buffers and frozen parameters too,
+  // as model.to(torch.bfloat16) and Megatron-core's Float16Module hold it: the fp32 copy of the
+  // trainable weights is the optimizer's master slice (optim/flat_optimizer.h), and a layer
+  // whose parameters and buffers differ in dtype (BatchNorm's fp32 running statistics beside
+  // 16-bit weights) would be refused by its kernel.
+  const std::optional<c10::ScalarType> held = held_dtype(config, s.precision.precision);
+  const auto held_bytes = [&](const at::Tensor& t) {
+    return held && t.is_floating_point() ? t.numel() * static_cast<int64_t>(c10::elementSize(*held))
+                                         : static_cast<int64_t>(t.nbytes());
+  };
+  const int64_t weights =
+      std::accumulate(tensors.begin(), tensors.end(), int64_t{0},
+                      [&](int64_t n, const auto& e) { return n + held_bytes(e.second); });
   try {
     torch::NoGradGuard no_grad;
-    for (auto& entry : tensors) entry.second.set_data(entry.second.clone());
+    for (auto& entry : tensors) {
+      at::Tensor& t = entry.second;
+      t.set_data(held && t.is_floating_point() ? t.to(*held, false, /*copy=*/true) : t.clone());
+    }
   } catch (const c10::OutOfMemoryError&) {
     const int64_t need =
         weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);
@@ -470,8 +489,7 @@ void log_plan(const RunConfig& config, const Session& session, const MemoryPlan&
       plan.reason);
   OptimizerPlacement placement;
   placement.shard = plan.shard;
-  placement.master_weights =
-      config.optim.master_weights && session.precision.precision != Precision::kFp32;
+  placement.master_weights = uses_master_weights(config, session.precision.precision);
   placement.offload = plan.offload;
   spdlog::info("optimizer placement: {} over {} rank{} ({}){}", placement_name(placement),
                plan.world_size, plan.world_size == 1 ? "" : "s", plan.shard_reason,

@@ -100,12 +100,13 @@ struct RunDoesNotFit : ConfigError {
 /// smallest step exceeds the capacity by the estimate (RunDoesNotFit: nothing is built or run, so
 /// no probe can exhaust the machine), installs the meter, builds the model on the device with its
 /// LoRA adapters (model.lora) and frozen parameters (model.freeze), resolves train.precision,
-/// looks up the loss. Throws ConfigError for a bad device, dataset, model, loss, LoRA target or
-/// freeze pattern. model.init_from is not read here: only a fresh run loads it (the trainer,
-/// after choosing no checkpoint; init_weights.h).
-/// The refusal by the estimate is of the smallest step under the placement chosen for
-/// `world_size` ranks (placement_world_size(): 0 reads WORLD_SIZE), so that a run that fits
-/// only sharded is not refused; an offload the host cannot hold is a ConfigError (exit 2).
+/// looks up the loss. With master weights (uses_master_weights()) the model is held in 16 bits,
+/// parameters and floating-point buffers alike (held_dtype()). Throws ConfigError for a bad
+/// device, dataset, model, loss, LoRA target or freeze pattern. model.init_from is not read here:
+/// only a fresh run loads it (the trainer, after choosing no checkpoint; init_weights.h). The
+/// refusal by the estimate is of the smallest step under the placement chosen for `world_size`
+/// ranks (placement_world_size(): 0 reads WORLD_SIZE), so that a run that fits only sharded is not
+/// refused; an offload the host cannot hold is a ConfigError (exit 2).
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0,
                      const ModelShape* shape = nullptr, int64_t world_size = 0);

@@ -14,12 +14,14 @@ namespace gpurun {
 namespace {
 
 /// 1013 trainable elements (not a multiple of 3): a 100 x 10 matrix and a vector of 13, plus 40
-/// bytes of buffers. FlatLayout: the matrix at 0, the vector at 1024 (aligned to 64), its end
-/// 1037 padded to a multiple of N x 64.
+/// bytes of buffers: 8 fp32 values (32 bytes) and an int64 (BatchNorm's count). FlatLayout: the
+/// matrix at 0, the vector at 1024 (aligned to 64), its end 1037 padded to a multiple of N x 64.
 StateShape small_model() {
   StateShape s;
   s.trainable = {{"w", {100, 10}}, {"b", {13}}};
   s.other_bytes = 40;
+  s.other_float_bytes = 32;
+  s.other_float_numel = 8;
   return s;
 }
 constexpr int64_t kPsi = 1013, kMatrix = 1000;
@@ -111,7 +113,8 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     const int64_t p = kPadded[n], s = kSlice[n];
     const Estimate m =
         rank_state(small_model(), adamw(), Precision::kBf16, placement("optimizer", true), n);
-    EXPECT_EQ(m.parameters, 40 + 2 * p);          // bf16 parameter buffer
+    // bf16 parameter buffer; the buffers held in bf16 too: 8 x 2 bytes and the int64's 8.
+    EXPECT_EQ(m.parameters, 24 + 2 * p);
     EXPECT_EQ(m.gradients, 2 * p);                // bf16 gradient buffer
     EXPECT_EQ(m.gradient_slice, 4 * s + 2 * s);   // fp32 slice + bf16 send buffer
     EXPECT_EQ(m.optimizer_state, 8 * s + 4 * s);  // moments + fp32 master slice
@@ -124,13 +127,13 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     // 12 Psi / N); gpurun adds the fp32 gradient slice and the send buffer, 6 / N. (Without
     // activations, the bucket of this small model's reduce-scatter is the larger temporary.)
     const int64_t bucket = n > 1 ? 4 * p + 8 * s : 0;
-    EXPECT_EQ(m.total(), 40 + 4 * p + 18 * s + bucket);
+    EXPECT_EQ(m.total(), 24 + 4 * p + 18 * s + bucket);
 
     const Estimate h =
         rank_state(small_model(), adamw(), Precision::kBf16, placement("optimizer", true, true), n);
     EXPECT_EQ(h.optimizer_state, 0);
     EXPECT_EQ(h.host_bytes, 8 * s + 4 * s + 4 * s);  // moments, master, gradient copy
-    EXPECT_EQ(h.total(), 40 + 4 * p + 6 * s + bucket);
+    EXPECT_EQ(h.total(), 24 + 4 * p + 6 * s + bucket);
   }
   // Offload without master weights still keeps an fp32 master slice on the host.
   const Estimate f =
