@@ -113,7 +113,10 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
     const int64_t c = std::min(layout.bucket_columns(), s);
     e.optimizer_temporaries = 4 * world_size * c + 8 * c;
   }
-  if (optim.grad_clip > 0) e.optimizer_temporaries = std::max(e.optimizer_temporaries, 16 * s);
+  // Clipping's float64 copy of one chunk of the slice, after the buckets are gone.
+  if (optim.grad_clip > 0)
+    e.optimizer_temporaries =
+        std::max(e.optimizer_temporaries, 8 * std::min(s, FlatLayout::kClipChunkElements));
   return e;
 }
 

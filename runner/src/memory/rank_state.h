@@ -65,8 +65,8 @@ StateShape state_shape(SegmentedModel& model);
 ///   optimizer_temporaries  replicated: estimate_state()'s; flat over several ranks: the
 ///                          reduce-scatter's fp32 bucket 4 N C and the ring's two chunks 8 C
 ///                          bytes (C = min(FlatLayout::bucket_columns(), S)); with
-///                          optim.grad_clip at least clip_grad_norm()'s float64 copy of the
-///                          slice and its square (16S)
+///                          optim.grad_clip at least clip_grad_norm()'s float64 copy of one
+///                          chunk of the slice, 8 min(S, FlatLayout::kClipChunkElements)
 /// master weights apply under bf16 and fp16 only. Replicated, the result equals
 /// estimate_state(). Throws std::invalid_argument for world_size < 1.
 Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision precision,

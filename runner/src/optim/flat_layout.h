@@ -51,6 +51,9 @@ class FlatLayout {
   /// (DDP's bucket_cap_mb = 25): 16-bit gradients are summed in fp32 without an fp32 copy of
   /// the whole buffer, and a backend's own copy of its input (Gloo's) stays as small.
   static constexpr int64_t kBucketBytes = int64_t{25} << 20;
+  /// Gradient clipping squares a slice this many elements at a time, in float64 (32 MiB), so
+  /// that the norm of a 7B model's slice needs no float64 copy of it (FlatOptimizer).
+  static constexpr int64_t kClipChunkElements = int64_t{1} << 22;
 
   /// `parameters`: name and shape of each trainable parameter, in order; `world_size` >= 1.
   /// Throws std::invalid_argument for world_size < 1 or a negative dimension.

@@ -171,7 +171,16 @@ void FlatOptimizer::unscale(GradScaler& scaler) {
 
 double FlatOptimizer::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  const double mine = grad_slice_.to(at::kDouble).pow(2).sum().item<double>();
+  // The sum of squares in float64, a chunk at a time: a float64 copy of the whole slice would
+  // take 8 bytes a parameter of it (16 with its square), a 7B model's largest temporary. The
+  // chunks are added in order into a 0-d float64 on the slice's device, read once.
+  const int64_t s = grad_slice_.numel(), c = FlatLayout::kClipChunkElements;
+  at::Tensor sum = at::zeros({}, grad_slice_.options().dtype(at::kDouble));
+  for (int64_t k = 0; k < s; k += c) {
+    at::Tensor chunk = grad_slice_.narrow(0, k, std::min(c, s - k)).to(at::kDouble);
+    sum.add_(chunk.mul_(chunk).sum());
+  }
+  const double mine = sum.item<double>();
   double total = mine;
   if (comm_) {
     // One slot per rank: a sum of one non-zero value and zeros is exact, so every rank gets

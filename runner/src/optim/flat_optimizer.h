@@ -74,7 +74,9 @@ class FlatOptimizer final : public StepOptimizer {
   void unscale(GradScaler& scaler) override;
   /// The global norm from each rank's sum of squares of its slice, gathered and added in rank
   /// order in float64, so that every rank computes the same value; it equals the norm of the
-  /// whole gradient up to float rounding (the unsharded path adds per-tensor norms).
+  /// whole gradient up to float rounding (the unsharded path adds per-tensor norms). The sum of
+  /// squares is taken in float64 in chunks of FlatLayout::kClipChunkElements, added in order:
+  /// its only temporary is one chunk's float64 copy (32 MiB at most).
   double clip_grad_norm(double max_norm) override;
   bool step(double lr, GradScaler* scaler) override;
   FlatOptimizer* flat() override { return this; }

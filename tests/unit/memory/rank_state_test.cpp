@@ -9,6 +9,7 @@
 #include "memory/placement.h"
 #include "memory/planner.h"
 #include "memory/rank_state.h"
+#include "optim/flat_layout.h"
 
 namespace gpurun {
 namespace {
@@ -103,8 +104,15 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     clipped.grad_clip = 1.0;
     const Estimate gc =
         rank_state(small_model(), clipped, Precision::kBf16, placement("gradients"), n);
-    EXPECT_EQ(gc.optimizer_temporaries, std::max(bucket, 16 * s));  // or clipping's float64 copy
+    EXPECT_EQ(gc.optimizer_temporaries, std::max(bucket, 8 * s));  // or clipping's float64 copy
   }
+  // A slice larger than clipping's chunk: the chunk's float64 copy (32 MiB), not the slice's.
+  StateShape large;
+  large.trainable = {{"w", {3 * FlatLayout::kClipChunkElements}}};
+  OptimConfig clipped = adamw();
+  clipped.grad_clip = 1.0;
+  const Estimate e = rank_state(large, clipped, Precision::kBf16, placement("optimizer", true), 1);
+  EXPECT_EQ(e.optimizer_temporaries, 8 * FlatLayout::kClipChunkElements);
 }
 
 TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHost) {

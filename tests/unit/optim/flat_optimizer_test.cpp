@@ -17,6 +17,7 @@
 #include "distributed/collectives.h"
 #include "gpurun/dataset.h"
 #include "gpurun/model.h"
+#include "memory/meter.h"
 #include "optim/flat_layout.h"
 #include "optim/flat_optimizer.h"
 #include "optim/step_optimizer.h"
@@ -280,6 +281,30 @@ TEST(FlatOptimizer, ClippingUsesTheGlobalNormOfAllShards) {
     EXPECT_NEAR(shards[r].norm, replicated[r].norm, 1e-5 * replicated[r].norm);
     EXPECT_LT(relative_norm_difference(shards[r].weights, replicated[r].weights), kTolerance);
   }
+}
+
+// Issue 40, item 2: the norm of a slice of 2.5 chunks, measured under the CPU allocator's meter.
+// A float64 copy of the slice and its square took 16 bytes an element (160 MB here, 121 GiB a
+// rank for a 7B on 2 ranks); a chunk at a time the temporaries are one chunk's float64 copy.
+// The value is the whole slice's float64 norm, and clipping scales it to max_norm.
+TEST(FlatOptimizer, ClippingNeedsOneFloat64ChunkNotACopyOfTheSlice) {
+  const int64_t n = FlatLayout::kClipChunkElements * 5 / 2;
+  torch::manual_seed(3);
+  at::Tensor weight = torch::zeros({n}).set_requires_grad(true);
+  FlatOptimizer opt(OptimConfig{}, {}, {{"w", weight}}, nullptr);
+  opt.zero_grad();
+  weight.mutable_grad().copy_(torch::randn({n}));
+  const double expected = weight.grad().to(at::kDouble).norm().item<double>();
+  std::vector<double> control;
+  opt.reduce_gradients(control);
+  auto meter = make_cpu_meter(0);
+  const double norm = opt.clip_grad_norm(1.0);
+  const int64_t peak = meter->peak_bytes();
+  meter.reset();
+  EXPECT_NEAR(norm, expected, 1e-12 * expected);
+  EXPECT_LE(peak, 8 * FlatLayout::kClipChunkElements + 4096) << "bytes of temporaries";
+  EXPECT_GE(peak, 8 * FlatLayout::kClipChunkElements);  // the chunk copy, counted
+  EXPECT_NEAR(weight.grad().to(at::kDouble).norm().item<double>(), 1.0, 1e-5);
 }
 
 TEST(FlatOptimizer, ParametersOfMixedDtypesAreAConfigError) {
