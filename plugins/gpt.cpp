@@ -6,15 +6,18 @@
 //   x = x + attention(LayerNorm(x));  x = x + MLP(LayerNorm(x))
 // -> LayerNorm -> linear head -> logits [B, T, vocabulary], position t seeing tokens 0..t only.
 // Attention is causal multi-head scaled dot-product attention (Vaswani et al. 2017,
-// "Attention Is All You Need", eq. 1); the MLP is width -> 4 width -> GELU -> width. Linear and
-// embedding weights start N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 layers))
+// "Attention Is All You Need", eq. 1) through ATen's fused at::scaled_dot_product_attention,
+// as torch.nn.functional.scaled_dot_product_attention(is_causal=True): FlashAttention-2 or the
+// memory-efficient kernel on CUDA, ATen's flash kernel on a CPU, none of which keeps the
+// [T, T] scores for the backward pass (Dao 2023, "FlashAttention-2"); with attention dropout on
+// a CPU, ATen takes its math path, which does. The MLP is width -> 4 width -> GELU -> width. Linear
+// and embedding weights start N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 layers))
 // (GPT-2, section 2.3). The head is not tied to the token embedding: tying would share one
 // parameter between two activation-checkpointing segments.
 //
 // Segments: "embed", "block0".."blockN-1" (one transformer block each), "head".
 #include <ATen/ops/arange.h>
-#include <ATen/ops/matmul.h>
-#include <ATen/ops/ones.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/dropout.h>
@@ -73,34 +76,37 @@ class EmbeddingImpl : public nn::Module {
 TORCH_MODULE(Embedding);
 
 /// Causal multi-head self-attention: x [B, T, width] -> [B, T, width]. Scores
-/// softmax(Q K^T / sqrt(d)) with every future position (key after query) masked to -inf.
+/// softmax(Q K^T / sqrt(d)) with every future position (key after query) left out, and dropout
+/// of `dropout` on the attention weights while training, all inside the fused kernel.
 class CausalSelfAttentionImpl : public nn::Module {
  public:
   CausalSelfAttentionImpl(int64_t width, int64_t heads, double dropout, double projection_std)
       : heads_(heads),
+        dropout_(dropout),
         qkv_(register_module("qkv", linear(width, 3 * width))),
         projection_(register_module("projection", linear(width, width, projection_std))),
-        attention_dropout_(register_module("attention_dropout", nn::Dropout(dropout))),
         residual_dropout_(register_module("residual_dropout", nn::Dropout(dropout))) {}
 
   torch::Tensor forward(torch::Tensor x) {
     const int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
     const int64_t head_width = width / heads_;
-    // [B, T, 3 width] -> [3, B, heads, T, head width]
+    // [B, T, 3 width] -> [3, B, heads, T, head width]: views, each head's width contiguous as
+    // the fused kernels need it.
     torch::Tensor qkv = qkv_(x).view({batch, time, 3, heads_, head_width}).permute({2, 0, 3, 1, 4});
-    torch::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
-    torch::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(head_width));
-    torch::Tensor future = at::ones({time, time}, x.options().dtype(torch::kBool)).triu_(1);
-    scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
-    torch::Tensor attention = attention_dropout_(scores.softmax(-1));
-    torch::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({batch, time, width});
+    torch::Tensor y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
+                                                       is_training() ? dropout_ : 0.0,
+                                                       /*is_causal=*/true);
+    // [B, heads, T, head width] -> [B, T, width]; the kernels write [B, T, heads, head width],
+    // so this is a view, not a copy.
+    y = y.transpose(1, 2).reshape({batch, time, width});
     return residual_dropout_(projection_(y));
   }
 
  private:
   int64_t heads_;
+  double dropout_;
   nn::Linear qkv_, projection_;
-  nn::Dropout attention_dropout_, residual_dropout_;
+  nn::Dropout residual_dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -135,23 +141,31 @@ TORCH_MODULE(Block);
 /// What autograd keeps per sample of `time` tokens, segment by segment, following the
 /// forward passes above op by op (the tensors each op's backward formula takes, PyTorch's
 /// derivatives.yaml). The form is Korthikanti et al. 2022 ("Reducing Activation Recomputation
-/// in Large Transformer Models", section 4.1): per block and token a multiple of the width,
-/// plus a multiple of heads x time for the attention scores, which this model materialises
-/// (no fused attention). c: the dtype of products (2 under autocast, else 4); the residual
-/// stream and LayerNorm run in fp32.
+/// in Large Transformer Models", section 4.1): per block and token a multiple of the width.
+/// Fused attention keeps its output and the softmax's log-sum-exp (fp32, one a head and token)
+/// instead of the scores; ATen's math path (attention dropout on a CPU) keeps a multiple of
+/// heads x time. c: the dtype of products (2 under autocast, else 4); the residual stream and
+/// LayerNorm run in the weights' dtype (fp32, or 16 bits when the run holds the model in 16
+/// bits).
 std::vector<SegmentActivations> gpt_activations(int64_t time, int64_t width, int64_t heads,
                                                 int64_t layers, double p, int64_t vocabulary,
                                                 const ActivationDtypes& d) {
   const int64_t c = d.compute, w = width, scores = heads * time;
-  // Softmax runs in fp32 under CUDA's autocast, in the dtype of its input under the CPU's.
-  const int64_t s = d.cuda ? 4 : c;
-  const int64_t norm = 4 * w + 8;  // LayerNorm: its fp32 input, mean and 1/std
-  // Attention: norm1, the qkv product's input (c) and output (3w, which q k^T and attention v
-  // take as views), softmax's output, dropout's mask, the attention weights the product with
-  // v takes (a cast to c, or dropout's output), the projection's input; its residual dropout.
-  const int64_t attention_matrix = s + d.dropout_mask(p, s) + (s != c || p > 0 ? c : 0);
+  // The residual stream, in the weights' dtype r (fp32, or 16 bits with master weights).
+  const int64_t r = d.weights;
+  const int64_t norm = r * w + 8;  // LayerNorm: its input, mean and 1/std (fp32)
+  // The kernel at::scaled_dot_product_attention picks: a fused one (FlashAttention-2 or the
+  // memory-efficient one on CUDA, dropout included; ATen's flash kernel on a CPU without
+  // dropout) keeps the log-sum-exp of each head and query, fp32; ATen's math path (a CPU with
+  // attention dropout) computes in fp32 whatever the autocast dtype and keeps q and k scaled, a
+  // contiguous v, softmax's output, dropout's mask and its output (measured with
+  // torch.autograd.graph.saved_tensors_hooks on PyTorch 2.11).
+  const bool fused = d.cuda || p == 0;
+  const int64_t attention_kept = fused ? 4 * heads : 3 * 4 * w + scores * 3 * 4;
+  // Attention: norm1, the qkv product's input (c) and output (3w: q, k and v are views of it),
+  // what the kernel keeps, its output (the projection's input, a view); its residual dropout.
   const int64_t attention =
-      norm + c * w + 3 * c * w + scores * attention_matrix + c * w + d.dropout_mask(p, c) * w;
+      norm + c * w + 3 * c * w + attention_kept + c * w + d.dropout_mask(p, c) * w;
   // MLP: norm2, the expansion's input (c), GELU's input (4w), the contraction's input (4w),
   // its dropout's mask.
   const int64_t mlp = norm + c * w + 4 * c * w + 4 * c * w + d.dropout_mask(p, c) * w;
@@ -161,12 +175,12 @@ std::vector<SegmentActivations> gpt_activations(int64_t time, int64_t width, int
   const double block_flops = t * (2.0 * 12.0 * dw * dw + 2.0 * 2.0 * t * dw);
   std::vector<SegmentActivations> out;
   // Embedding: the ids (int64) and the dropout's mask of the fp32 sum.
-  out.push_back({time * 8, time * (8 + d.dropout_mask(p, 4) * w), time * 4 * w, 0.0});
+  out.push_back({time * 8, time * (8 + d.dropout_mask(p, r) * w), time * r * w, 0.0});
   for (int64_t i = 0; i < layers; ++i)
-    out.push_back({time * 4 * w, time * (attention + mlp),
-                   std::max(scores * time * 4, time * 4 * w), block_flops});
+    out.push_back({time * r * w, time * (attention + mlp),
+                   fused ? time * 4 * w : std::max(scores * time * 4, time * 4 * w), block_flops});
   // Head: the final LayerNorm, the product's input, and log-softmax's fp32 output in the loss.
-  out.push_back({time * 4 * w, time * (norm + c * w + c * vocabulary + 4 * vocabulary),
+  out.push_back({time * r * w, time * (norm + c * w + c * vocabulary + 4 * vocabulary),
                  time * 4 * vocabulary, t * 2.0 * dw * static_cast<double>(vocabulary)});
   return out;
 }

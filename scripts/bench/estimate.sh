@@ -2,7 +2,7 @@
 # The analytic memory estimate (memory/peak_probe.h) against the measured peak of the training
 # step, side by side in one run, on the four built-in models (mlp, cnn, resnet, gpt) under fp32
 # and bf16: `gpurun plan --json` probes real training steps and prints both. Then the 7B gpt
-# (context 2048, bf16, AdamW) from the estimate alone (--estimate-only): its breakdown at
+# (context 2048, bf16, AdamW, clipping at 1.0 as LLM recipes do) from the estimate alone (--estimate-only): its breakdown at
 # micro-batch 1 without and with activation checkpointing, next to the 14/56/20 GB rule of
 # thumb, and per rank of 1, 2, 4 and 8 cards under every optimizer placement (distributed.shard,
 # optim.master_weights, optim.offload), with the cards_to_fit of the 80 GB cards.
@@ -51,7 +51,7 @@ done
 cat >"$work/gpt7b.yaml" <<YAML
 model: {name: gpt, layers: 32, heads: 32, width: 4096, dropout: 0}
 data: {name: text, path: $kjv, context: 2048, train_samples: 1000, eval_samples: 100}
-optim: {name: adamw, lr: 0.0003}
+optim: {name: adamw, lr: 0.0003, grad_clip: 1.0}
 train: {epochs: 1, batch_size: 1, precision: bf16}
 YAML
 echo

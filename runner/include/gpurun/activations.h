@@ -17,6 +17,10 @@ struct ActivationDtypes {
   /// CUDA: autocast runs softmax in fp32, and dropout keeps a 1-byte mask (the fused kernel);
   /// on a CPU dropout keeps a mask of its input's dtype and softmax runs in `compute`.
   bool cuda = false;
+  /// Bytes of an element of the model's weights, and of what adds into them outside autocast's
+  /// casts (a transformer's residual stream, its normalisations' inputs): 4, or 2 when the run
+  /// holds the model in 16 bits (optim.master_weights).
+  int64_t weights = 4;
   /// Bytes a dropout of `p` keeps per element of an input of `input_bytes` per element.
   int64_t dropout_mask(double p, int64_t input_bytes) const {
     return p > 0 ? (cuda ? 1 : input_bytes) : 0;

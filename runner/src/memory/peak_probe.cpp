@@ -241,7 +241,14 @@ Estimate estimate_peak(SegmentedModel& model, const OptimConfig& optim,
   Estimate e = estimate_state(model, optim, precision);
   const int64_t half = static_cast<int64_t>(c10::elementSize(autocast_dtype(precision)));
 
-  const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda()};
+  int64_t weights = 4;
+  for (const at::Tensor& p : model.parameters())
+    if (p.is_floating_point()) {
+      weights = static_cast<int64_t>(p.element_size());
+      break;
+    }
+  const ActivationDtypes dtypes{precision == Precision::kFp32 ? 4 : half, device.is_cuda(),
+                                weights};
   const std::vector<SegmentActivations> segments =
       model.activation_estimate() ? model.activation_estimate()(dtypes)
                                   : walk_segments(model, input_shape, device, precision, dtypes);

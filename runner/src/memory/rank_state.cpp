@@ -93,7 +93,9 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   e.parameters = others + w * p;
   e.gradients = w * p;
   e.gradients_released = placement.shard == "gradients";
-  e.gradient_slice = 4 * s + w * s;
+  // The fp32 gradient slice: with one process and fp32 gradients it is the gradient buffer
+  // itself (FlatOptimizer::reduce_gradients), 16-bit ones are cast into one.
+  e.gradient_slice = world_size == 1 && w == 4 ? 0 : 4 * s;
   // Weights held in 16 bits are not cast again; fp32 ones are, as replicated.
   e.weight_casts = master ? 0 : half * shape.matrix_numel();
   const int64_t moments = adam(optim) ? 8 * s : optim.momentum > 0 ? 4 * s : 0;
@@ -109,9 +111,14 @@ Estimate rank_state(const StateShape& shape, const OptimConfig& optim, Precision
   // buffers outside the caching allocator. Until the ring (Collectives::reduce_scatter), Gloo's
   // copy of the whole input took the place of the two chunks, and on 4 ranks of the gpt of 0.42 M
   // parameters the update's peak was 7.0 or 8.4 MB depending on when Gloo freed it.
+  // The all-gather's, after the update (the gradient slice is gone by then): the send buffer
+  // of a bucket's columns of this rank's weights, and with more than one bucket the gathered
+  // rows of every rank before they are copied into the parameter buffer.
   if (world_size > 1) {
     const int64_t c = std::min(layout.bucket_columns(), s);
     e.optimizer_temporaries = 4 * world_size * c + 8 * c;
+    const int64_t gather = w * c + (c < s ? world_size * w * c : 0);
+    e.optimizer_temporaries = std::max(e.optimizer_temporaries, gather - e.gradient_slice);
   }
   // Clipping's float64 copy of one chunk of the slice, after the buckets are gone.
   if (optim.grad_clip > 0)

@@ -14,9 +14,10 @@
 //   parameter buffer wP (and the buffers and frozen parameters, in 16 bits with master
 //   weights, as the run holds them); gradient buffer wP, alive through every backward pass of a
 //   step (a local full accumulation) and, in mode gradients, released before the update; fp32
-//   gradient slice 4S and the all-gather's send buffer wS; Adam's moments 8S (SGD with momentum
-//   4S); fp32 master slice 4S (master weights or offload); offload: the moments, the master slice
-//   and a 4S gradient copy in host memory instead.
+//   gradient slice 4S (one process with fp32 gradients: the gradient buffer itself); Adam's
+//   moments 8S (SGD with momentum 4S); fp32 master slice 4S (master weights or offload);
+//   offload: the moments, the master slice and a 4S gradient copy in host memory instead; the
+//   collectives' buckets (at most FlatLayout::kBucketBytes of fp32) as temporaries.
 // A flat placement with distributed.shard none (master weights or offload alone) still cuts
 // its state over the ranks of the process group, as mode optimizer does.
 #pragma once
@@ -58,13 +59,16 @@ StateShape state_shape(SegmentedModel& model);
 /// `placement`, for `optim` and `precision`:
 ///   parameters             weights (parameter buffer) + buffers and frozen parameters
 ///   gradients              the gradient buffer; gradients_released: not alive at the update
-///   gradient_slice         flat: the fp32 gradient slice 4S and the send buffer wS
+///   gradient_slice         flat: the fp32 gradient slice 4S (none with one process and fp32
+///                          gradients: it is the gradient buffer)
 ///   optimizer_state        on the card: moments or momentum, and the master slice
 ///   host_bytes             offload: the moments, the master slice and the gradient copy
 ///   weight_casts           autocast's 16-bit copies of fp32 weight matrices (bf16, fp16)
 ///   optimizer_temporaries  replicated: estimate_state()'s; flat over several ranks: the
 ///                          reduce-scatter's fp32 bucket 4 N C and the ring's two chunks 8 C
-///                          bytes (C = min(FlatLayout::bucket_columns(), S)); with
+///                          bytes (C = min(FlatLayout::bucket_columns(), S)), or the
+///                          all-gather's send buffer wC and, with more than one bucket, its
+///                          gathered rows N w C, less the slice freed before it; with
 ///                          optim.grad_clip at least clip_grad_norm()'s float64 copy of one
 ///                          chunk of the slice, 8 min(S, FlatLayout::kClipChunkElements)
 /// master weights apply under bf16 and fp16 only. Replicated, the result equals

@@ -207,7 +207,6 @@ bool FlatOptimizer::step(double lr, GradScaler* scaler) {
     return false;
   }
   at::NoGradGuard no_grad;
-  lr_ = lr;
   at::Tensor grads = grad_slice_;
   if (options_.offload) {
     host_grad_.copy_(grad_slice_);

@@ -26,7 +26,8 @@
 //   parameter buffer wP; gradient buffer wP (mode gradients: not during the update);
 //   Adam's moments 8S (SGD with momentum 4S); master slice 4S (with master weights or
 //   offload); from the reduce-scatter to the all-gather only (not during the backward passes):
-//   the fp32 gradient slice 4S and the all-gather's input wS; offload moves the moments, the master
+//   the fp32 gradient slice 4S (one process with fp32 gradients: the gradient buffer itself) and
+//   the all-gather's input, a bucket of this rank's weights; offload moves the moments, the master
 //   and a gradient copy (4S) to host memory, pinned on CUDA.
 #pragma once
 
@@ -118,10 +119,8 @@ class FlatOptimizer final : public StepOptimizer {
   at::Tensor grad_slice_;                                // fp32 [S] on the device
   at::Tensor host_grad_;                                 // fp32 [S] on the host (offload)
   at::Tensor master_, exp_avg_, exp_avg_sq_, momentum_;  // fp32 [S], state device
-  at::Tensor send_;         // [S] in the weights' dtype: the all-gather's input
   at::Tensor step_tensor_;  // fused kernels' step (float32, 0-d... [1])
   int64_t step_count_ = 0;
-  double lr_ = 0;
 };
 
 }  // namespace gpurun

@@ -65,6 +65,28 @@ void build_model(const RunConfig& config, const Registry& registry, Session& s) 
                       "pattern");
 }
 
+/// Gives every floating-point tensor of `model`'s state the dtype `held` (held_dtype()) without
+/// its values: a model built WithoutWeights, whose tensors cost address space until written,
+/// estimated as the run will hold it.
+void hold_shapes(torch::nn::Module& model, std::optional<c10::ScalarType> held) {
+  if (!held) return;
+  torch::NoGradGuard no_grad;
+  for (auto& entry : state_dict(model))
+    if (entry.second.is_floating_point())
+      entry.second.set_data(at::empty(entry.second.sizes(), entry.second.options().dtype(*held)));
+}
+
+/// Gives every tensor of `model`'s state a storage of its own, allocated now (under the meter
+/// when one is installed): floating-point ones cast to `held` when given (held_dtype()), the
+/// others copied.
+void hold_model(torch::nn::Module& model, std::optional<c10::ScalarType> held) {
+  torch::NoGradGuard no_grad;
+  for (auto& entry : state_dict(model)) {
+    at::Tensor& t = entry.second;
+    t.set_data(held && t.is_floating_point() ? t.to(*held, false, /*copy=*/true) : t.clone());
+  }
+}
+
 }  // namespace
 
 ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
@@ -82,6 +104,9 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
       s.data = data;
       WithoutWeights without_weights;
       build_model(config, registry, s);
+      // In the dtype the run will hold it in: shapes and dtypes, never values (a copy would run
+      // LibTorch's OpenMP team, which a forked child does not have: it waits on it forever).
+      hold_shapes(*s.model, held_dtype(config, precision));
       int64_t weights = 0;
       for (const auto& entry : state_dict(*s.model))
         weights += static_cast<int64_t>(entry.second.nbytes());
@@ -236,6 +261,7 @@ Session open_estimate_session(const RunConfig& config, const std::string& device
     build_model(config, registry, s);
   }
   s.precision = resolve_precision(config.train.precision, s.device);
+  hold_shapes(*s.model, held_dtype(config, s.precision.precision));
   return s;
 }
 
@@ -292,11 +318,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
       std::accumulate(tensors.begin(), tensors.end(), int64_t{0},
                       [&](int64_t n, const auto& e) { return n + held_bytes(e.second); });
   try {
-    torch::NoGradGuard no_grad;
-    for (auto& entry : tensors) {
-      at::Tensor& t = entry.second;
-      t.set_data(held && t.is_floating_point() ? t.to(*held, false, /*copy=*/true) : t.clone());
-    }
+    hold_model(*s.model, held);
   } catch (const c10::OutOfMemoryError&) {
     const int64_t need =
         weights * (config.optim.name == "sgd" && config.optim.momentum == 0 ? 2 : 4);

@@ -80,16 +80,19 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     EXPECT_EQ(o.parameters, 40 + 4 * p);  // fp32 parameter buffer
     EXPECT_EQ(o.gradients, 4 * p);        // fp32 gradient buffer
     EXPECT_FALSE(o.gradients_released);
-    EXPECT_EQ(o.gradient_slice, 4 * s + 4 * s);        // fp32 slice + the send buffer
+    // The fp32 slice; one process's is the fp32 gradient buffer itself.
+    const int64_t slice = n > 1 ? 4 * s : 0;
+    EXPECT_EQ(o.gradient_slice, slice);
     EXPECT_EQ(o.optimizer_state, 8 * s);               // this rank's moments only
     EXPECT_EQ(o.weight_casts, 2 * kMatrix);            // fp32 weights are still cast
     const int64_t bucket = n > 1 ? 4 * p + 8 * s : 0;  // the bucket and the ring's 2 chunks
     EXPECT_EQ(o.optimizer_temporaries, bucket);        // the fused kernels allocate nothing
     EXPECT_EQ(o.host_bytes, 0);
     // The backward passes (gradients and autocast's casts) or the update (the gradients, the
-    // fp32 slice and the send buffer, which live from the reduce-scatter to the all-gather).
+    // fp32 slice from the reduce-scatter to the update, the buckets; the all-gather's send
+    // buffer, a bucket of 4 s here, comes after the slice is freed).
     EXPECT_EQ(o.total(),
-              40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, 4 * p + 8 * s + bucket));
+              40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, 4 * p + slice + bucket));
 
     const Estimate g =
         rank_state(small_model(), adamw(), Precision::kBf16, placement("gradients"), n);
@@ -97,7 +100,7 @@ TEST(RankState, ShardedOptimizerAndGradientsPerRankForOneToFourRanks) {
     EXPECT_EQ(g.gradients, o.gradients);
     // ... but alive through the backward passes (a local full accumulation): only the
     // update's part is smaller.
-    EXPECT_EQ(g.total(), 40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, 8 * s + bucket));
+    EXPECT_EQ(g.total(), 40 + 4 * p + 8 * s + std::max(4 * p + 2 * kMatrix, slice + bucket));
     EXPECT_LE(g.total(), o.total());
 
     OptimConfig clipped = adamw();
@@ -124,7 +127,7 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     // bf16 parameter buffer; the buffers held in bf16 too: 8 x 2 bytes and the int64's 8.
     EXPECT_EQ(m.parameters, 24 + 2 * p);
     EXPECT_EQ(m.gradients, 2 * p);                // bf16 gradient buffer
-    EXPECT_EQ(m.gradient_slice, 4 * s + 2 * s);   // fp32 slice + bf16 send buffer
+    EXPECT_EQ(m.gradient_slice, 4 * s);           // fp32 slice, bf16 gradients cast
     EXPECT_EQ(m.optimizer_state, 8 * s + 4 * s);  // moments + fp32 master slice
     EXPECT_EQ(m.weight_casts, 0);                 // nothing to cast
     // The fp32 bucket of the reduce-scatter (at most 25 MiB) and the ring's two chunks of the
@@ -132,16 +135,16 @@ TEST(RankState, MasterWeightsHoldTheModelIn16BitsAndOffloadMovesTheStateToTheHos
     EXPECT_EQ(m.optimizer_temporaries, n > 1 ? 4 * p + 8 * s : 0);
     EXPECT_EQ(m.host_bytes, 0);
     // ZeRO's mixed-precision layout counts 2 + 2 + 12/N bytes a parameter (stage 1, 4 Psi +
-    // 12 Psi / N); gpurun adds the fp32 gradient slice and the send buffer, 6 / N. (Without
-    // activations, the bucket of this small model's reduce-scatter is the larger temporary.)
+    // 12 Psi / N); gpurun adds the fp32 gradient slice, 4 / N. (Without activations, the bucket
+    // of this small model's reduce-scatter is the larger temporary.)
     const int64_t bucket = n > 1 ? 4 * p + 8 * s : 0;
-    EXPECT_EQ(m.total(), 24 + 4 * p + 18 * s + bucket);
+    EXPECT_EQ(m.total(), 24 + 4 * p + 16 * s + bucket);
 
     const Estimate h =
         rank_state(small_model(), adamw(), Precision::kBf16, placement("optimizer", true, true), n);
     EXPECT_EQ(h.optimizer_state, 0);
     EXPECT_EQ(h.host_bytes, 8 * s + 4 * s + 4 * s);  // moments, master, gradient copy
-    EXPECT_EQ(h.total(), 24 + 4 * p + 6 * s + bucket);
+    EXPECT_EQ(h.total(), 24 + 4 * p + 4 * s + bucket);
   }
   // Offload without master weights still keeps an fp32 master slice on the host.
   const Estimate f =

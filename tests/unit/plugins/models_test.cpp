@@ -1,12 +1,15 @@
 // Tests of the built-in models resnet and gpt (plugins/), the loss of any rank (loss.h), and
 // the registry's losses and epoch hooks.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -16,6 +19,7 @@
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "model/activation_checkpointing.h"
+#include "train/precision.h"
 
 namespace gpurun {
 namespace {
@@ -124,18 +128,27 @@ TEST(Gpt, ActivationEstimatePinsWhatEachBlockKeepsForBackward) {
   auto model = make(c, {12}, 30);
   ASSERT_TRUE(model->activation_estimate());
   const int64_t w = 16, h = 2, t = 12;
-  // CPU bf16 with dropout: LayerNorms 2 x (4w + 8), the products' inputs 2w + 2w + 2w + 8w,
-  // qkv 6w, GELU's input 8w, two residual masks 2 x 2w; scores: softmax's output, dropout's
-  // mask and output, 3 x 2 x H T.
+  // CPU bf16 with attention dropout, ATen's math path: LayerNorms 2 x (4w + 8), the products'
+  // inputs 2w + 2w + 2w + 8w, qkv 6w, GELU's input 8w, two residual masks 2 x 2w; the math
+  // path in fp32: q, k and v 3 x 4w, softmax's output, dropout's mask and output 3 x 4 x H T.
   const auto bf16 = model->activation_estimate()({2, false});
   ASSERT_EQ(bf16.size(), 4u);  // embed, block0, block1, head
-  EXPECT_EQ(bf16[1].saved_bytes, t * (2 * (4 * w + 8) + 40 * w - 8 * w + 6 * h * t));
+  EXPECT_EQ(bf16[1].saved_bytes, t * (2 * (4 * w + 8) + 32 * w + 12 * w + 12 * h * t));
   EXPECT_EQ(bf16[1].input_bytes, t * 4 * w);
-  // CUDA fp32 without dropout: softmax's output is what the product with v takes; no masks.
+  // CUDA fp32 without dropout, the fused kernel: no scores, the log-sum-exp (fp32, H a token).
   c.dropout = 0;
   const auto cuda = make(c, {12}, 30)->activation_estimate()({4, true});
   EXPECT_EQ(cuda[1].saved_bytes,
-            t * (2 * (4 * w + 8) + 4 * (w + w + 3 * w + w + 4 * w + 4 * w) + 4 * h * t));
+            t * (2 * (4 * w + 8) + 4 * (w + w + 3 * w + w + 4 * w + 4 * w) + 4 * h));
+  // A CPU without dropout runs ATen's flash kernel: the same, in bf16 under autocast.
+  const auto cpu = make(c, {12}, 30)->activation_estimate()({2, false});
+  EXPECT_EQ(cpu[1].saved_bytes,
+            t * (2 * (4 * w + 8) + 2 * (w + w + 3 * w + w + 4 * w + 4 * w) + 4 * h));
+  // With dropout on CUDA the fused kernels keep no mask of the scores (they redraw it).
+  c.dropout = 0.1;
+  const auto cuda_dropout = make(c, {12}, 30)->activation_estimate()({2, true});
+  EXPECT_EQ(cuda_dropout[1].saved_bytes,
+            t * (2 * (4 * w + 8) + 2 * (w + w + 3 * w + w + 4 * w + 4 * w) + 2 * w + 4 * h));
   // FLOPs per block: 2 x 12 w^2 per token for the products of width, 2 x 2 T w for the scores.
   EXPECT_DOUBLE_EQ(cuda[1].forward_flops, t * (24.0 * w * w + 4.0 * t * w));
 }
@@ -152,6 +165,78 @@ TEST(Gpt, CausalMaskKeepsEarlierPositionsBlindToLaterTokens) {
   EXPECT_TRUE(at::equal(a.narrow(1, 0, t), b.narrow(1, 0, t))) << "positions before " << t;
   for (int64_t p = t; p < 16; ++p)
     EXPECT_FALSE(at::equal(a.select(1, p), b.select(1, p))) << "position " << p;
+}
+
+// Issue 40, item 3: the fused attention (ATen's flash kernel on a CPU) computes what
+// softmax(Q K^T / sqrt(d)) V with the future masked did, within float rounding, and its
+// backward pass is deterministic: two steps give bit-identical gradients at 4 threads (an exact
+// resume needs it), in fp32 and under bf16 autocast, with and without attention dropout (ATen's
+// math path, whose masks come from the seeded generator).
+TEST(Gpt, FusedAttentionMatchesTheScoresFormulaAndIsDeterministic) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(4);
+  ModelConfig c = gpt_config();
+  c.width = 64;
+  c.heads = 4;
+  auto model = make(c, {48}, 40);
+  const at::Tensor x = torch::randint(40, {3, 48}), y = torch::randint(40, {3, 48});
+  // The scores formula over the same weights: the whole forward pass of a one-block gpt, by
+  // hand, with the attention as the gpt computed it before.
+  {
+    torch::NoGradGuard no_grad;
+    ModelConfig one = c;
+    one.layers = 1;
+    auto m = make(one, {48}, 40);
+    m->eval();
+    const auto p = m->named_parameters();
+    const auto norm = [&](const at::Tensor& t, const std::string& name) {
+      return at::layer_norm(t, {64}, p[name + ".weight"], p[name + ".bias"]);
+    };
+    const auto linear = [&](const at::Tensor& t, const std::string& name) {
+      return at::linear(t, p[name + ".weight"],
+                        p.contains(name + ".bias") ? p[name + ".bias"] : at::Tensor());
+    };
+    at::Tensor h = at::embedding(p["embed.0.tokens.weight"], x) +
+                   at::embedding(p["embed.0.positions.weight"], at::arange(48));
+    const at::Tensor qkv = linear(norm(h, "block0.0.norm1"), "block0.0.attention.qkv")
+                               .view({3, 48, 3, 4, 16})
+                               .permute({2, 0, 3, 1, 4});
+    at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1)) / 4.0;
+    scores.masked_fill_(at::ones({48, 48}, at::kBool).triu_(1),
+                        -std::numeric_limits<float>::infinity());
+    const at::Tensor attention =
+        at::matmul(scores.softmax(-1), qkv[2]).transpose(1, 2).reshape({3, 48, 64});
+    h = h + linear(attention, "block0.0.attention.projection");
+    h = h +
+        linear(at::gelu(linear(norm(h, "block0.0.norm2"), "block0.0.expand")), "block0.0.contract");
+    const at::Tensor logits = linear(norm(h, "head.0"), "head.1");
+    const at::Tensor fused = m->forward(x);
+    EXPECT_LT((fused - logits).abs().max().item<double>(), 1e-5);
+  }
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16})
+    for (const double dropout : {0.0, 0.1}) {
+      SCOPED_TRACE(std::string(precision_name(precision)) + " dropout " + std::to_string(dropout));
+      c.dropout = dropout;
+      const auto grads = [&] {
+        auto m = make(c, {48}, 40);
+        m->train();
+        torch::manual_seed(7);
+        {
+          AutocastGuard autocast(precision, c10::kCPU);
+          const at::Tensor loss = cross_entropy(m->forward(x), y);
+          loss.backward();
+        }
+        std::vector<at::Tensor> out;
+        for (const auto& p : m->parameters()) out.push_back(p.grad().clone());
+        return out;
+      };
+      torch::manual_seed(1);
+      const auto a = grads();
+      torch::manual_seed(1);
+      const auto b = grads();
+      expect_bit_identical(a, b, "gradient");
+    }
+  at::set_num_threads(threads);
 }
 
 TEST(Gpt, CheckpointingGivesBitIdenticalGradientsWithDropout) {
