@@ -13,6 +13,7 @@
 
 #include "checkpoint/interval.h"
 #include "config/paths.h"
+#include "config/rules.h"
 #include "forecast/forecast.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
@@ -37,7 +38,7 @@ Workload base_workload(const RunConfig& c, const Session& session, const Estimat
                        const std::string& precision) {
   Workload w;
   w.global_batch = c.train.batch_size;
-  w.micro_batch = c.train.batch_size / c.train.accumulation_steps;
+  w.accumulation = c.train.accumulation_steps;
   w.eval_batch = c.train.eval_batch_size;
   w.precision = precision;
   w.headroom = c.memory.headroom;
@@ -77,50 +78,63 @@ std::string hours_text(const nlohmann::json& v) {
   return v.is_null() ? "-" : format_duration(3600.0 * v.get<double>());
 }
 
+std::string step_text(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  const double seconds = v.get<double>();
+  char b[32];
+  if (seconds < 1)
+    std::snprintf(b, sizeof b, "%.3f ms", 1e3 * seconds);
+  else
+    std::snprintf(b, sizeof b, "%.2f s", seconds);
+  return b;
+}
+
+std::string cost_text(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v.get<double>());
+  return b;
+}
+
 void print_cards(std::ostream& out, const nlohmann::json& result) {
   char line[512];
   out << "\ncards, predicted (step: an optimizer step's FLOPs counted from the model at "
       << static_cast<int>(kAssumedUtilisation * 100)
       << "% of the card's throughput;\n"
-         "  a small model is bound by kernel launches instead and runs slower. lost/reclaim: the "
-         "most work a\n  reclaim loses at the checkpoint interval. cards: for DDP to finish "
-         "within "
-      << result["deadline_hours"].get<double>()
-      << " h. to fit: the fewest cards that hold\n  the run, with distributed.shard when one "
-         "card does not):\n";
-  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s %6s  %s\n", "card",
-                "memory", "fits", "step", "to finish", "cost", "lost/reclaim", "cards", "to fit",
-                "plan");
+         "  a small model is bound by kernel launches instead and runs slower. cards: the fewest "
+         "to rent that hold\n  the run (1, 2, 4, 8 on a box, then boxes of 8), whose step, "
+         "time to finish and cost (all cards)\n  follow. lost/reclaim: the most work a reclaim "
+         "loses at the checkpoint interval. deadline: cards\n  for DDP to finish within "
+      << result["deadline_hours"].get<double>() << " h):\n";
+  std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %5s %10s %10s %9s %12s %8s  %s\n", "card",
+                "memory", "one card", "cards", "step", "to finish", "cost", "lost/reclaim",
+                "deadline", "plan");
   out << line;
   for (const auto& c : result["cards"]) {
-    std::string step = "-", cost = "-", n = "-";
-    if (!c["predicted_step_seconds"].is_null()) {
-      const double seconds = c["predicted_step_seconds"].get<double>();
-      char b[32];
-      if (seconds < 1)
-        std::snprintf(b, sizeof b, "%.3f ms", 1e3 * seconds);
-      else
-        std::snprintf(b, sizeof b, "%.2f s", seconds);
-      step = b;
-    }
-    if (!c["cost_to_finish"].is_null()) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%.2f", c["cost_to_finish"].get<double>());
-      cost = b;
-    }
-    if (!c["cards_for_deadline"].is_null())
-      n = std::to_string(c["cards_for_deadline"].get<int64_t>());
-    const std::string to_fit =
-        c["cards_to_fit"].is_null() ? "-" : std::to_string(c["cards_to_fit"].get<int64_t>());
-    std::string plan = c["plan"].get<std::string>();
+    const nlohmann::json& to_fit = c["to_fit"];
+    const bool fits = to_fit.is_object();
+    const std::string deadline = c["cards_for_deadline"].is_null()
+                                     ? "-"
+                                     : std::to_string(c["cards_for_deadline"].get<int64_t>());
+    std::string plan =
+        fits ? to_fit["placement"].get<std::string>() + ", " + to_fit["plan"].get<std::string>()
+             : c["plan"].get<std::string>();
+    const nlohmann::json& next = c["next_size_up"];
+    if (next.is_object())
+      plan += "; next size up " + std::to_string(next["cards"].get<int64_t>()) +
+              " cards: " + step_text(next["step_seconds"]) + " a step, " +
+              hours_text(next["hours_to_finish"]) + ", cost " + cost_text(next["cost_to_finish"]);
     if (!c["note"].get<std::string>().empty()) plan += "; " + c["note"].get<std::string>();
     // The plan and its note after the columns: they may be longer than any buffer.
-    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %10s %10s %9s %12s %6s %6s  ",
+    std::snprintf(line, sizeof line, "  %-16s %10s  %-13s %5s %10s %10s %9s %12s %8s  ",
                   c["name"].get<std::string>().c_str(),
                   format_bytes(c["memory_bytes"].get<int64_t>()).c_str(),
-                  c["fits"].get<std::string>().c_str(), step.c_str(),
-                  hours_text(c["hours_to_finish"]).c_str(), cost.c_str(),
-                  hours_text(c["lost_hours_per_reclaim"]).c_str(), n.c_str(), to_fit.c_str());
+                  c["fits"].get<std::string>().c_str(),
+                  fits ? std::to_string(to_fit["cards"].get<int64_t>()).c_str() : "-",
+                  step_text(fits ? to_fit["step_seconds"] : nlohmann::json()).c_str(),
+                  hours_text(fits ? to_fit["hours_to_finish"] : nlohmann::json()).c_str(),
+                  cost_text(fits ? to_fit["cost_to_finish"] : nlohmann::json()).c_str(),
+                  hours_text(c["lost_hours_per_reclaim"]).c_str(), deadline.c_str());
     out << line << plan << "\n";
   }
 }
@@ -139,7 +153,9 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
   if (automatic) session.precision.reason = "auto: bf16 on a card of compute capability >= 8";
   const c10::Device target =
       session.model->activation_estimate() ? c10::Device(c10::kCUDA) : session.device;
-  const int64_t micro = config.train.batch_size / config.train.accumulation_steps;
+  // The micro-batch of a rank of --world-size.
+  const int64_t micro = std::max<int64_t>(
+      1, config.train.batch_size / config.train.accumulation_steps / options.world_size);
   const Estimate plain = estimate_peak(*session.model, config.optim, session.data.input_shape,
                                        micro, false, target, precision);
   const Estimate ck = estimate_peak(*session.model, config.optim, session.data.input_shape, micro,
@@ -152,17 +168,10 @@ int estimate_plan(const RunConfig& config, const std::string& device, bool json,
   if (!choice.note.empty()) spdlog::info("{}", choice.note);
   const Estimate rank =
       rank_state(state_parts, config.optim, precision, choice.placement, options.world_size);
-  const double state = static_cast<double>(plain.parameters + plain.gradients +
-                                           plain.optimizer_state + plain.weight_casts);
   Workload w = base_workload(config, session, plain, precision_name(precision));
-  w.plain = {state, static_cast<double>(plain.activations) / static_cast<double>(micro)};
-  if (!session.model->segments().empty())
-    w.checkpointed =
-        MemoryLine{state, static_cast<double>(ck.activations) / static_cast<double>(micro)};
-  // Evaluation keeps nothing for a backward pass: at most what a checkpointed step keeps.
-  w.eval = {state, static_cast<double>(ck.activations) / static_cast<double>(micro)};
-  w.state_bytes = plain.parameters + plain.gradients + plain.optimizer_state;
-  w.sharded = sharded_need(config, state_parts, smallest, precision);
+  const auto [one, one_ck] = per_sample(config, session, plain, ck, micro);
+  w.ranks = rank_lines(config, state_parts, one, one_ck, precision, {});
+  add_levers(w, config, state_parts, shape.lora_state, one, one_ck, precision, {});
   const ParameterCounts counts = count_parameters(*session.model);
   nlohmann::json result = {
       {"estimate_only", true},
@@ -217,6 +226,11 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                  bool json, const Registry& registry, const PlanOptions& options,
                  std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
+  // A world size that does not split the global batch is the configuration's, not the memory's:
+  // refused first (exit 2), as the launcher refuses it.
+  if (const std::string problem = detail::batch_split_problem(config, options.world_size);
+      !problem.empty())
+    throw ConfigError("--world-size " + std::to_string(options.world_size) + ": " + problem);
   // The model's size and its estimate, learned without its weights for this device and
   // precision, and the data it was learned for: once, for whichever way the plan goes. A
   // TorchScript module is refused by the estimate.
@@ -280,19 +294,9 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
       rank_state(state_parts, config.optim, precision, placement, plan.world_size);
   const Estimate estimate = estimate_for(config, session, plan).with_state(rank);
 
-  // The card table's lines go through the plan's measured training peak with the estimate's
-  // activations per sample as their slope: no probe beyond the plan's own.
-  const Estimate one = estimate_at(config, session, 1, false);
-  const Estimate one_ck = estimate_at(config, session, 1, true);
-  const double measured_slope =
-      static_cast<double>((plan.activation_checkpointing ? one_ck : one).activations);
-  MemoryLine plain;
-  plain.per_sample = static_cast<double>(one.activations);
-  plain.fixed = std::max(0.0, static_cast<double>(plan.measured.training) -
-                                  measured_slope * static_cast<double>(plan.micro_batch));
-  std::optional<MemoryLine> checkpointed;
-  if (!session.model->segments().empty())
-    checkpointed = MemoryLine{plain.fixed, static_cast<double>(one_ck.activations)};
+  const Estimate at_one = estimate_at(config, session, 1, false);
+  const Estimate at_one_ck = estimate_at(config, session, 1, true);
+  const auto [one, one_ck] = per_sample(config, session, at_one, at_one_ck, 1);
   // One step time, defined once: seconds per optimizer step of this plan (its micro-batches).
   const double step_seconds = plan.step_seconds * static_cast<double>(plan.accumulation_steps);
   // The plan's training step under each precision: the estimate; measured for this run's
@@ -324,13 +328,23 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   }
   checkpoint_every_segment(*session.model, plan.activation_checkpointing);
 
-  // Evaluation: the state between steps (the training line's fixed part) plus a share per
-  // sample, through the measured evaluation of the plan's eval batch.
+  // The card table's lines: each card's placement by the estimate, moved by what this plan
+  // measured beyond the estimate of its own placement (no probe beyond the plan's own): the
+  // training step's fixed part (the measured peak less the estimate's activations at the
+  // plan's micro-batch), evaluation per sample, checkpoint capture and resume loading.
   const MeasuredPeaks& m = plan.measured;
-  const MemoryLine eval{plain.fixed,
-                        std::max(0.0, (static_cast<double>(m.evaluation) - plain.fixed) /
-                                          static_cast<double>(plan.eval_batch))};
-  const int64_t state_bytes = std::max(m.checkpoint_capture, m.resume_loading);
+  const RankLines own = rank_lines(config, state_parts, one, one_ck, precision, {})(
+      plan.world_size, plan.capacity_bytes);
+  const double slope =
+      static_cast<double>((plan.activation_checkpointing ? at_one_ck : at_one).activations);
+  LineCorrection correction;
+  correction.training = static_cast<double>(m.training) -
+                        slope * static_cast<double>(plan.micro_batch) - own.plain.fixed;
+  correction.eval_per_sample =
+      std::max(0.0, (static_cast<double>(m.evaluation) - own.eval.fixed - correction.training) /
+                        static_cast<double>(plan.eval_batch));
+  correction.state = static_cast<double>(std::max(m.checkpoint_capture, m.resume_loading)) -
+                     static_cast<double>(own.state_bytes);
 
   const int64_t n = session.data.train->size();
   const int64_t steps = (n + plan.global_batch - 1) / plan.global_batch * config.train.epochs;
@@ -352,13 +366,9 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   if (!session.data_stage.empty()) result["data_stage"] = session.data_stage;
   Workload w =
       base_workload(config, session, estimate, precision_name(session.precision.precision));
-  w.plain = plain;
-  w.checkpointed = checkpointed;
-  w.eval = eval;
   w.eval_batch = plan.eval_batch;
-  w.state_bytes = state_bytes;
-  w.sharded =
-      sharded_need(config, state_parts, smallest_of(config, session, one, one_ck, 1), precision);
+  w.ranks = rank_lines(config, state_parts, one, one_ck, precision, correction);
+  add_levers(w, config, state_parts, shape.lora_state, one, one_ck, precision, correction);
   add_cards(result, w, options.cards, options.deadline_hours);
   // What this machine reached on the counted FLOPs: the forecast's utilisation, for comparison.
   if (plan.step_seconds > 0)

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -26,11 +28,42 @@ namespace gpurun {
 nlohmann::json modes_json(const RunConfig& c, const StateShape& shape, const Estimate& step,
                           Precision precision, int64_t world_size);
 
-/// Workload::sharded for the forecast: on n cards the better of modes optimizer and gradients
-/// (one card: the flat optimizer alone), master weights as configured, for the smallest step
-/// `one` (its activations).
-std::function<Workload::RankNeed(int64_t, bool)> sharded_need(const RunConfig& c, StateShape shape,
-                                                              Estimate one, Precision precision);
+/// What the plan measured beyond the estimate of its own placement, added to every card's
+/// lines; zero for a plan from the estimate alone.
+struct LineCorrection {
+  double training = 0;  ///< bytes: the measured training step's fixed part less the estimate's
+  /// Bytes a sample of evaluation takes, measured; none: the checkpointed step's activations,
+  /// an upper bound (evaluation keeps nothing for a backward pass).
+  std::optional<double> eval_per_sample;
+  double state = 0;  ///< bytes: checkpoint capture or resume loading measured, less estimated
+};
+
+/// Workload::ranks: one rank's lines on n cards of a capacity, under the placement the run
+/// would take there (memory/placement.h's place_optimizer(), the host unchecked) for `c`,
+/// from the estimates of micro-batch 1 without (`one`) and with (`one_ck`, none when the
+/// model has no segments) activation checkpointing.
+RankLinesOn rank_lines(const RunConfig& c, const StateShape& shape, const Estimate& one,
+                       const std::optional<Estimate>& one_ck, Precision precision,
+                       const LineCorrection& correction);
+
+/// The rank of LoRA adapters the forecast suggests when the run holds no adapters.
+inline constexpr int64_t kLoraLeverRank = 16;
+
+/// Workload::levers and Workload::offloaded: the run with optim.master_weights (bf16, fp16),
+/// with optim.offload: host, with both, and with LoRA adapters of kLoraLeverRank on every
+/// Linear layer (`lora_shape`: the model's state with them; none: not suggested), each where
+/// the run does not already have it.
+void add_levers(Workload& w, const RunConfig& c, const StateShape& shape,
+                const std::optional<StateShape>& lora_shape, const Estimate& one,
+                const std::optional<Estimate>& one_ck, Precision precision,
+                const LineCorrection& correction);
+
+/// The estimates `plain` and `ck` of `micro` samples without and with activation
+/// checkpointing, each for one sample; the second none where the plan may not checkpoint (a
+/// model without segments, or memory.strategy accumulate or none).
+std::pair<Estimate, std::optional<Estimate>> per_sample(const RunConfig& c, const Session& session,
+                                                        const Estimate& plain, const Estimate& ck,
+                                                        int64_t micro);
 
 /// The smallest step a plan may choose, by `plain` and `ck` (the estimates of `micro` samples
 /// without and with activation checkpointing): micro-batch 1, checkpointed where the model

@@ -1,4 +1,5 @@
 #include "cli/status_command.h"
+#include "util/units.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,7 +18,6 @@
 #include "queue/queue_state.h"
 #include "queue/queue_summary.h"
 #include "report/metrics_tail.h"
-#include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
 

@@ -167,6 +167,8 @@ NamedTensors unpickle_tensors(std::shared_ptr<caffe2::serialize::ReadAdapterInte
         value = unpickler.parse_ivalue();
       }
     }
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the memory limit, not damage: the memory probe and the trainer handle it
   } catch (const c10::Error& e) {  // LibTorch's own: without its C++ backtrace
     throw DamagedCheckpointError(what +
                                  " is not a pickled tensor dict: " + e.what_without_backtrace());

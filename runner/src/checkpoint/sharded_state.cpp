@@ -88,6 +88,8 @@ int64_t slice_libtorch_state(const LoadedCheckpoint& checkpoint, FlatOptimizer& 
                                     placeholders);
   try {
     host->load(archive);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the memory limit: the checkpoint is not damaged
   } catch (const c10::Error& e) {
     throw ResumeError(
         checkpoint.info.path + "/optim.pt does not fit the " +

@@ -159,6 +159,8 @@ void load_optimizer_archive(const LoadedCheckpoint& checkpoint,
     archive.load_from(
         [&](uint64_t pos, void* buf, size_t n) { return optim.reader->read(pos, buf, n); },
         [&] { return optim.reader->size(); }, at::kCPU);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the memory limit: the checkpoint is not damaged
   } catch (const c10::Error& e) {
     optim.verify();  // a read error or changed bytes say more than the parser's complaint
     throw DamagedCheckpointError(optim.what +

@@ -28,6 +28,45 @@ std::string need_text(const OptimizerPlacement& p, const Estimate& e) {
   return placement_name(p) + " needs " + format_bytes(e.total()) + " a rank";
 }
 
+/// "; gradients + offload would fit (104.4 MiB a rank, 20 MiB of host memory): set
+/// distributed.shard: gradients and optim.offload: host", for the first placement outside
+/// `tried` that fits, in the order offload, other shard modes, master weights; "" when none.
+std::string would_fit(const PlacementRequest& r,
+                      const std::function<Estimate(const OptimizerPlacement&)>& smallest,
+                      const std::function<bool(const Estimate&)>& fits,
+                      const std::vector<OptimizerPlacement>& tried) {
+  std::vector<const char*> shards{"none"};
+  if (r.world_size > 1) shards = {"optimizer", "gradients", "none"};
+  std::vector<bool> masters{r.master_weights};
+  if (r.sixteen_bits && !r.master_weights) masters.push_back(true);
+  for (const bool master : masters)
+    for (const bool offload : {false, true})
+      for (const char* shard : shards) {
+        OptimizerPlacement p;
+        p.shard = shard;
+        p.master_weights = master;
+        p.offload = offload;
+        const bool seen = std::any_of(tried.begin(), tried.end(), [&](const OptimizerPlacement& t) {
+          return t.shard == p.shard && t.master_weights == p.master_weights &&
+                 t.offload == p.offload;
+        });
+        const Estimate e = smallest(p);
+        if (seen || !fits(e) || !host_holds(e, r)) continue;
+        std::vector<std::string> settings;
+        if (p.shard != "none" && p.shard != r.shard)
+          settings.push_back("distributed.shard: " + p.shard);
+        if (p.offload && r.offload != "host") settings.push_back("optim.offload: host");
+        if (p.master_weights && !r.master_weights) settings.push_back("optim.master_weights: true");
+        std::string set;
+        for (size_t i = 0; i < settings.size(); ++i)
+          set += (i == 0 ? "" : i + 1 == settings.size() ? " and " : ", ") + settings[i];
+        return "; " + placement_name(p) + " would fit (" + format_bytes(e.total()) + " a rank" +
+               (p.offload ? ", " + format_bytes(host_need(e, r)) + " of host memory" : "") + ")" +
+               (set.empty() ? "" : ": set " + set);
+      }
+  return "";
+}
+
 }  // namespace
 
 int64_t host_need(const Estimate& e, const PlacementRequest& request) {
@@ -116,7 +155,8 @@ PlacementChoice choose_placement(const PlacementRequest& r,
     // The smallest need the host holds; none: the first candidate (refused below when asked).
     choice.placement = have_best ? best : candidates.front();
     choice.smallest = have_best ? best_estimate : smallest(candidates.front());
-    choice.reason = "nothing fits the " + format_bytes(r.usable_bytes) + " usable: " + tried;
+    choice.reason = "nothing fits the " + format_bytes(r.usable_bytes) + " usable: " + tried +
+                    would_fit(r, smallest, fits, candidates);
   }
   // An offload the user asked for must fit the host: refused before anything is built.
   if (r.offload == "host" && !host_holds(choice.smallest, r)) {
@@ -164,18 +204,19 @@ int64_t placement_world_size(int64_t world_size) {
 
 PlacementChoice place_optimizer(const RunConfig& config, const StateShape& state,
                                 const Estimate& smallest, Precision precision, int64_t world_size,
-                                int64_t capacity_bytes) {
+                                int64_t capacity_bytes, bool check_host) {
   PlacementRequest r;
   r.shard = config.distributed.shard;
   r.offload = config.optim.offload;
   r.master_weights = uses_master_weights(config, precision);
+  r.sixteen_bits = precision != Precision::kFp32;
   r.strategy = config.memory.strategy;
   r.world_size = world_size;
   PlanRequest capacity;
   capacity.capacity_bytes = capacity_bytes;
   capacity.headroom = config.memory.headroom;
   r.usable_bytes = usable_bytes(capacity);
-  r.host_usable_bytes = host_capacity_bytes();
+  r.host_usable_bytes = check_host ? host_capacity_bytes() : 0;
   r.ranks_per_host = std::min(world_size, env_int("LOCAL_WORLD_SIZE", 1));
   return choose_placement(
       r,

@@ -21,6 +21,7 @@ struct PlacementRequest {
   std::string shard = "auto";     ///< distributed.shard: none | optimizer | gradients | auto
   std::string offload = "none";   ///< optim.offload: none | host | auto
   bool master_weights = false;    ///< optim.master_weights, under bf16 or fp16
+  bool sixteen_bits = false;      ///< bf16 or fp16: master weights would apply
   std::string strategy = "auto";  ///< memory.strategy: only auto adds sharding and offload
   int64_t world_size = 1;
   int64_t usable_bytes = 0;  ///< the card's capacity less memory.headroom
@@ -56,6 +57,9 @@ int64_t host_need(const Estimate& e, const PlacementRequest& request);
 ///    does not shard.
 ///  - A fixed mode is kept; optim.offload auto adds offload only when it does not fit without.
 ///  - optim.master_weights is kept as configured; optim.offload host always offloads.
+///  - When nothing fits, the reason names the first placement the settings do not allow that
+///    would fit (offload, another shard mode, master weights under bf16/fp16), with the
+///    settings that give it.
 /// Throws ConfigError (exit 2) for optim.offload host when the host cannot hold the offloaded
 /// state, naming the bytes per rank, the ranks, their sum and the host's usable bytes.
 PlacementChoice choose_placement(const PlacementRequest& request,
@@ -77,9 +81,11 @@ int64_t placement_world_size(int64_t world_size);
 /// each placement's smallest step is `smallest`'s activations (micro-batch 1, checkpointed
 /// where the plan may checkpoint) with that placement's per-rank state (rank_state). Throws
 /// ConfigError for optim.offload host on a host too small, with the numbers.
+/// `check_host` false: the host's memory is not this machine's (a forecast for a rented box)
+/// and is neither checked nor refused.
 PlacementChoice place_optimizer(const RunConfig& config, const StateShape& state,
                                 const Estimate& smallest, Precision precision, int64_t world_size,
-                                int64_t capacity_bytes);
+                                int64_t capacity_bytes, bool check_host = true);
 
 /// True when `e` needs more than `usable_bytes` even with its activations 10% lower: the
 /// estimate's activations are within a few percent of the measured ones on the built-in models

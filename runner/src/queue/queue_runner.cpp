@@ -1,4 +1,5 @@
 #include "queue/queue_runner.h"
+#include "util/units.h"
 
 #include <fcntl.h>
 #include <sys/wait.h>

@@ -1,4 +1,5 @@
 #include "queue/queue_summary.h"
+#include "util/units.h"
 
 #include <signal.h>
 
@@ -9,7 +10,6 @@
 #include <limits>
 
 #include "gpurun/errors.h"
-#include "report/reporter.h"
 #include "util/clock.h"
 #include "util/fs.h"
 

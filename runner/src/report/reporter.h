@@ -113,7 +113,4 @@ std::string heartbeat_path(const std::string& run_dir, int rank);
 /// The global step in a heartbeat file, -1 when it is missing or unreadable.
 int64_t read_heartbeat_step(const std::string& path);
 
-/// Seconds as "1h02m", "3m12s", "45s".
-std::string format_duration(double seconds);
-
 }  // namespace gpurun

@@ -89,8 +89,29 @@ void hold_model(torch::nn::Module& model, std::optional<c10::ScalarType> held) {
 
 }  // namespace
 
+namespace {
+nlohmann::json state_json(const StateShape& state) {
+  return {{"trainable", state.trainable},
+          {"element_bytes", state.trainable_element_bytes},
+          {"other_bytes", state.other_bytes},
+          {"other_float_bytes", state.other_float_bytes},
+          {"other_float_numel", state.other_float_numel}};
+}
+
+StateShape state_from_json(const nlohmann::json& state) {
+  StateShape s;
+  s.trainable = state["trainable"].get<std::vector<std::pair<std::string, std::vector<int64_t>>>>();
+  s.trainable_element_bytes = state["element_bytes"].get<int64_t>();
+  s.other_bytes = state["other_bytes"].get<int64_t>();
+  s.other_float_bytes = state["other_float_bytes"].get<int64_t>();
+  s.other_float_numel = state["other_float_numel"].get<int64_t>();
+  return s;
+}
+}  // namespace
+
 ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
-                             const DatasetSplits& data, c10::Device target, Precision precision) {
+                             const DatasetSplits& data, c10::Device target, Precision precision,
+                             int64_t lora_rank) {
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
   const pid_t pid = fork();
@@ -123,12 +144,19 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
                 {"has_segments", !s.model->segments().empty()},
                 {"one_sample", one(false).to_json()},
                 {"one_sample_checkpointed", one(true).to_json()}};
-      const StateShape state = state_shape(*s.model);
-      answer["state"] = {{"trainable", state.trainable},
-                         {"element_bytes", state.trainable_element_bytes},
-                         {"other_bytes", state.other_bytes},
-                         {"other_float_bytes", state.other_float_bytes},
-                         {"other_float_numel", state.other_float_numel}};
+      answer["state"] = state_json(state_shape(*s.model));
+      // Last: the adapters change the model.
+      if (config.model.lora.rank == 0 && !s.model->segments().empty()) {
+        LoraConfig lora;
+        lora.rank = lora_rank;
+        try {
+          add_lora_adapters(*s.model, lora);
+          hold_shapes(*s.model, held_dtype(config, precision));
+          answer["lora_state"] = state_json(state_shape(*s.model));
+        } catch (const ConfigError&) {
+          // No Linear layer to adapt: nothing to suggest.
+        }
+      }
     } catch (const c10::Error& e) {
       answer = {{"error", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
@@ -166,13 +194,8 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
     shape.has_segments = answer["has_segments"].get<bool>();
     shape.one_sample = Estimate::from_json(answer["one_sample"]);
     shape.one_sample_checkpointed = Estimate::from_json(answer["one_sample_checkpointed"]);
-    const nlohmann::json& state = answer["state"];
-    shape.state.trainable =
-        state["trainable"].get<std::vector<std::pair<std::string, std::vector<int64_t>>>>();
-    shape.state.trainable_element_bytes = state["element_bytes"].get<int64_t>();
-    shape.state.other_bytes = state["other_bytes"].get<int64_t>();
-    shape.state.other_float_bytes = state["other_float_bytes"].get<int64_t>();
-    shape.state.other_float_numel = state["other_float_numel"].get<int64_t>();
+    shape.state = state_from_json(answer["state"]);
+    if (answer.contains("lora_state")) shape.lora_state = state_from_json(answer["lora_state"]);
   }
   return shape;
 }

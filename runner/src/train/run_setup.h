@@ -70,7 +70,11 @@ struct ModelShape {
   /// only when describes_activations (other models' layers are walked with real weights);
   /// otherwise they are 0 and the estimate is the state alone, a lower bound.
   Estimate one_sample, one_sample_checkpointed;
-  StateShape state;   ///< the parameters' shapes, for the per-rank estimate of each placement
+  StateShape state;  ///< the parameters' shapes, for the per-rank estimate of each placement
+  /// The same with LoRA adapters of `lora_rank` on every Linear layer and nothing else
+  /// trained, for `gpurun plan` to suggest; none when the run has adapters already, the model
+  /// has no segments or no Linear layer.
+  std::optional<StateShape> lora_state;
   std::string error;  ///< the factory failed without weights; "" otherwise
 };
 /// Builds `config`'s model WithoutWeights in a child process and estimates it for `target` and
@@ -78,7 +82,8 @@ struct ModelShape {
 /// factory that fails without weights is reported in `error`; throws std::runtime_error when no
 /// child can be forked.
 ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
-                             const DatasetSplits& data, c10::Device target, Precision precision);
+                             const DatasetSplits& data, c10::Device target, Precision precision,
+                             int64_t lora_rank = 16);
 
 /// The smallest step a plan can choose, by the estimate: micro-batch 1, with activation
 /// checkpointing when the model has segments and memory.strategy allows it.

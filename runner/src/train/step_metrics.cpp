@@ -1,8 +1,8 @@
 #include "train/step_metrics.h"
+#include "util/units.h"
 
 #include <cstdio>
 
-#include "report/reporter.h"
 #include "util/clock.h"
 
 namespace gpurun {

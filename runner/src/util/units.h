@@ -19,4 +19,7 @@ std::string format_bytes(int64_t bytes);
 /// Seconds for messages: "12", "1.5" (one decimal below 10 s).
 std::string format_seconds(double seconds);
 
+/// Seconds as "1h02m", "3m12s", "45s"; "?" for a negative, NaN or absurd duration.
+std::string format_duration(double seconds);
+
 }  // namespace gpurun

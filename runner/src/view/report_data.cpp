@@ -17,7 +17,6 @@
 
 #include "gpurun/errors.h"
 #include "queue/queue_state.h"
-#include "report/reporter.h"
 #include "util/clock.h"
 #include "util/signals.h"
 #include "util/units.h"

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include "common/temp_dir.h"
 
+#include "config/schema.h"
 #include "gpurun/errors.h"
 
 namespace gpurun {
@@ -572,6 +575,78 @@ TEST(Config, FineTuningKeyErrorsNameTheKeyAndSuggest) {
   // One bare pattern is a list of one.
   EXPECT_EQ(parse_config("", "run.yaml", {"model.freeze=block0.*"}).model.freeze,
             (std::vector<std::string>{"block0.*"}));
+}
+
+}  // namespace
+}  // namespace gpurun
+
+namespace gpurun {
+namespace {
+
+/// The README's run.yaml reference: the YAML block after "Every key with its default".
+std::string readme_reference() {
+  std::ifstream in(std::string(GPURUN_SOURCE_DIR) + "/README.md");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t heading = text.find("Every key with its default");
+  const size_t begin = text.find("```yaml\n", heading);
+  const size_t end = text.find("\n```", begin + 8);
+  if (heading == std::string::npos || begin == std::string::npos || end == std::string::npos)
+    return "";
+  return text.substr(begin + 8, end - begin - 8);
+}
+
+/// The dotted keys the block writes, by indentation ("model:" then "  lora:" then
+/// "    rank: 0" is model.lora.rank), leaves only.
+std::vector<std::string> written_keys(const std::string& block) {
+  std::vector<std::pair<size_t, std::string>> open;  // indentation, name
+  std::vector<std::string> keys;
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line[indent] == '#') continue;
+    const size_t colon = line.find(':', indent);
+    if (colon == std::string::npos) continue;
+    while (!open.empty() && open.back().first >= indent) open.pop_back();
+    std::string name;
+    for (const auto& [i, part] : open) name += part + ".";
+    name += line.substr(indent, colon - indent);
+    const std::string rest = line.substr(colon + 1);
+    const size_t value = rest.find_first_not_of(' ');
+    if (value == std::string::npos || rest[value] == '#')
+      open.emplace_back(indent, line.substr(indent, colon - indent));  // a section
+    else
+      keys.push_back(name);
+  }
+  return keys;
+}
+
+// Issue 40, item 4: the README lists every key of run.yaml with its default. Parsed by
+// gpurun's own parser (an unknown key there is an error naming it), it equals the defaults,
+// and it writes exactly the schema's keys, so that a key added to one and not the other fails
+// here.
+TEST(ReadmeReference, ListsEveryKeyOfTheSchemaWithItsDefault) {
+  const std::string block = readme_reference();
+  ASSERT_FALSE(block.empty()) << "no run.yaml reference block in README.md";
+  const nlohmann::json written = config_to_json(parse_config(block, "README.md", {}));
+  const nlohmann::json defaults = config_to_json(RunConfig{});
+  for (const auto& [section, keys] : defaults.items()) {
+    if (!keys.is_object()) continue;
+    for (const auto& [key, value] : keys.items())
+      EXPECT_EQ(written[section][key], value) << section << "." << key;
+  }
+  std::vector<std::string> in_readme = written_keys(block), in_schema;
+  for (const auto& key : detail::schema()) in_schema.emplace_back(key.name);
+  std::sort(in_readme.begin(), in_readme.end());
+  std::sort(in_schema.begin(), in_schema.end());
+  std::vector<std::string> missing, extra;
+  std::set_difference(in_schema.begin(), in_schema.end(), in_readme.begin(), in_readme.end(),
+                      std::back_inserter(missing));
+  std::set_difference(in_readme.begin(), in_readme.end(), in_schema.begin(), in_schema.end(),
+                      std::back_inserter(extra));
+  EXPECT_TRUE(missing.empty()) << "keys of the schema the README does not list: "
+                               << nlohmann::json(missing).dump();
+  EXPECT_TRUE(extra.empty()) << "keys the README lists that the schema lacks: "
+                             << nlohmann::json(extra).dump();
 }
 
 }  // namespace

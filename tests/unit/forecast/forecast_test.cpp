@@ -11,15 +11,28 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-/// 4 GiB of state, 1 GiB a sample; 1 PFLOP a step; 1000 steps of 100 an epoch; no headroom.
+/// One rank of n cards: 2 GiB of weights and 2 GiB / n of optimizer state (a sharded run's),
+/// 1 GiB a sample (0.25 checkpointed, 0.1 evaluated); 1 PFLOP a step; 1000 steps of 100 an
+/// epoch; no headroom. On one card 4 GiB of state, as a replicated run's.
+RankLinesOn ranks(double weights = 2, double state = 2, double host = 0) {
+  return [=](int64_t n, int64_t) {
+    const double fixed = (weights + state / static_cast<double>(n)) * kGiB;
+    RankLines r;
+    r.plain = {fixed, 1.0 * kGiB, 0};
+    r.checkpointed = MemoryLine{fixed, 0.25 * kGiB, 0};
+    r.eval = {fixed, 0.1 * kGiB, 0};
+    r.state_bytes = static_cast<int64_t>(fixed);
+    r.host_bytes = static_cast<int64_t>(host * kGiB);
+    r.placement = n == 1 ? "replicated" : "optimizer";
+    return r;
+  };
+}
+
 Workload workload() {
   Workload w;
-  w.plain = {4.0 * kGiB, 1.0 * kGiB};
-  w.checkpointed = MemoryLine{4.0 * kGiB, 0.25 * kGiB};
-  w.eval = {4.0 * kGiB, 0.1 * kGiB};
-  w.state_bytes = 4 * kGiB;
+  w.ranks = ranks();
   w.global_batch = 16;
-  w.micro_batch = 16;
+  w.accumulation = 1;
   w.eval_batch = 16;
   w.precision = "bf16";
   w.flops_per_step = 1e15;
@@ -46,10 +59,10 @@ TEST(Forecast, FitsAsConfiguredThenWithAccumulationThenWithCheckpointingThenNot)
   EXPECT_EQ(ck.fits, "with_plan");
   EXPECT_EQ(ck.micro_batch, 4);
   EXPECT_TRUE(ck.activation_checkpointing);
-  const CardForecast no = forecast(card(3), w, 72);  // the state alone is 4 GiB
+  const CardForecast no = forecast(card(3.2), w, 72);  // the state alone is 4 GiB on one card
   EXPECT_EQ(no.fits, "no");
   EXPECT_FALSE(no.hours_to_finish);
-  EXPECT_NE(no.plan.find("distributed.shard cuts the optimizer state per card"), std::string::npos)
+  EXPECT_NE(no.plan.find("checkpoint capture or resume loading needs 4.00 GiB"), std::string::npos)
       << no.plan;
 }
 
@@ -57,55 +70,103 @@ TEST(Forecast, FitsAsConfiguredThenWithAccumulationThenWithCheckpointingThenNot)
 // reported as not fitting: no smaller micro-batch exists to try checkpointing at.
 TEST(Forecast, MicroBatchOneFitsWithActivationCheckpointing) {
   Workload w = workload();
-  w.global_batch = w.micro_batch = 1;
+  w.global_batch = 1;
   const CardForecast f = forecast(card(4.5), w, 72);  // 4 + 1 > 4.5 >= 4 + 0.25
   EXPECT_EQ(f.fits, "with_plan");
   EXPECT_EQ(f.micro_batch, 1);
   EXPECT_TRUE(f.activation_checkpointing);
 }
 
-// Issue 29, item 5: the fewest cards that hold the run sharded, and one card with offload.
-TEST(Forecast, CardsToFitCountsShardedCardsAndOneCardWithOffloadNamesTheHost) {
+// The optimizer's update (the floor of a line) is what a small micro-batch cannot go under.
+TEST(Forecast, TheUpdatesPartIsAFloorNoMicroBatchGoesUnder) {
   Workload w = workload();
-  // Without a per-rank model: nothing is said.
-  CardForecast f = forecast(card(3), w, 72);
-  EXPECT_FALSE(f.cards_to_fit);
-  EXPECT_FALSE(f.offload);
-  EXPECT_TRUE(f.to_json(card(3))["cards_to_fit"].is_null());
-  // A rank of n cards needs 2 GiB + 8 GiB / n (weights and the state's share); one card with
-  // offload 3 GiB on the card and 7 GiB of host memory.
-  w.sharded = [](int64_t n, bool offload) {
-    return offload ? Workload::RankNeed{3 * kGiB, 7 * kGiB}
-                   : Workload::RankNeed{2 * kGiB + 8 * kGiB / n, 0};
+  w.ranks = [](int64_t, int64_t) {
+    RankLines r;
+    r.plain = {4.0 * kGiB, 1.0 * kGiB, 7.0 * kGiB};  // the update needs 7 GiB
+    r.eval = {4.0 * kGiB, 0, 0};
+    r.state_bytes = 4 * kGiB;
+    return r;
   };
-  f = forecast(card(3), w, 72);  // 2 + 8/n <= 3: n >= 8
+  EXPECT_EQ(forecast(card(6.5), w, 72).fits, "no");  // micro-batch 2 would be 6 GiB, but 7
+  const CardForecast f = forecast(card(7.5), w, 72);
+  EXPECT_EQ(f.fits, "with_plan");
+  EXPECT_EQ(f.micro_batch, 2);  // 4 + 2 = 6 < 7: the floor
+  EXPECT_EQ(f.predicted_peak_bytes, 7 * kGiB);
+}
+
+// Issue 40, item 4: the cards to rent are 1, 2, 4 or 8 on a box (then boxes of 8) dividing
+// the global batch, each with its time and cost; the next size up beside it to compare.
+TEST(Forecast, CardsToFitIsACountToRentWithItsTimeAndCostAndTheNextSizeUp) {
+  Workload w = workload();
+  // 2 + 2/n + 0.25 (checkpointed, micro-batch 1) <= 2.6: n = 8 (2.5); 6 would do (2.58), but
+  // 6 is not a count to rent.
+  CardForecast f = forecast(card(2.6), w, 72);
   EXPECT_EQ(f.fits, "no");
-  ASSERT_TRUE(f.cards_to_fit);
-  EXPECT_EQ(*f.cards_to_fit, 8);
-  EXPECT_EQ(f.cards_to_fit_bytes, 3 * kGiB);
+  ASSERT_TRUE(f.to_fit);
+  EXPECT_EQ(f.to_fit->cards, 8);
+  EXPECT_EQ(f.to_fit->placement, "optimizer");
+  EXPECT_TRUE(f.to_fit->batch_divides);
+  EXPECT_EQ(f.to_fit->micro_batch, 1);  // 16 / 8 = 2 a rank; 2.75 GiB at 2 does not fit
+  EXPECT_TRUE(f.to_fit->activation_checkpointing);
+  // 8 cards share the step: 1e15 x 4/3 (recomputation) at 40% of 8 x 100 TFLOP/s.
+  const double step = 4e15 / 3 / (8 * 100e12 * kAssumedUtilisation);
+  EXPECT_DOUBLE_EQ(*f.to_fit->step_seconds, step);
+  EXPECT_DOUBLE_EQ(*f.to_fit->hours_to_finish, step * 1000 / 3600);
+  EXPECT_DOUBLE_EQ(*f.to_fit->cost_to_finish, step * 1000 / 3600 * 2.0 * 8);
+  ASSERT_TRUE(f.next_size_up);
+  EXPECT_EQ(f.next_size_up->cards, 16);
+  EXPECT_DOUBLE_EQ(*f.next_size_up->step_seconds, 4e15 / 3 / (16 * 100e12 * kAssumedUtilisation));
+  EXPECT_NE(f.note.find("on 8 cards (optimizer"), std::string::npos) << f.note;
+  nlohmann::json j = f.to_json(card(2.6));
+  EXPECT_EQ(j["cards_to_fit"], 8);
+  EXPECT_EQ(j["to_fit"]["cards"], 8);
+  EXPECT_EQ(j["next_size_up"]["cards"], 16);
+  EXPECT_TRUE(j["to_fit"]["cost_to_finish"].is_number());
+  // One card that holds it: to_fit is 1 and the next size up is 2.
+  f = forecast(card(20), w, 72);
+  EXPECT_EQ(f.to_fit->cards, 1);
+  EXPECT_EQ(f.next_size_up->cards, 2);
+  // A batch of 12: 8 does not divide it, 4 does not fit (2.75); the smallest count that divides
+  // it and fits is 6 (2 + 2/6 + 0.25 = 2.58).
+  w.global_batch = 12;
+  f = forecast(card(2.6), w, 72);
+  EXPECT_EQ(f.to_fit->cards, 6);
+  EXPECT_TRUE(f.to_fit->batch_divides);
+  // A batch of 1: no count above 1 divides it; the smallest count to rent that fits is
+  // reported, and the note says the batch must change.
+  w.global_batch = 1;
+  f = forecast(card(2.6), w, 72);
+  EXPECT_EQ(f.to_fit->cards, 8);
+  EXPECT_FALSE(f.to_fit->batch_divides);
+  EXPECT_NE(f.note.find("train.batch_size 1 must be a multiple of 8"), std::string::npos) << f.note;
+  // 2 + 2/n + 0.25 > 2.2 for every n up to 64: none.
+  f = forecast(card(2.2), workload(), 72);
+  EXPECT_FALSE(f.to_fit);
+  EXPECT_TRUE(f.to_json(card(2.2))["cards_to_fit"].is_null());
+  EXPECT_NE(f.note.find("no count of cards up to 64"), std::string::npos) << f.note;
+}
+
+// Issue 40, item 4: where the run takes more cards (or none holds it), the levers that take
+// fewer are named with their counts; one card with offload says what the host holds.
+TEST(Forecast, LeversThatFitInFewerCardsAreNamedWithTheirNumbers) {
+  Workload w = workload();
+  w.levers.push_back({"optim.master_weights: true", ranks(1, 2)});  // 1 + 2/n + 0.25
+  w.levers.push_back({"model.lora.rank: 16", ranks(2.5, 0)});       // never under 2.75
+  w.offloaded = ranks(2, 0, 2);                                     // 2 + 0.25 a card
+  CardForecast f = forecast(card(2.6), w, 72);
+  ASSERT_EQ(f.to_fit->cards, 8);
+  ASSERT_EQ(f.levers.size(), 1u);
+  EXPECT_EQ(f.levers[0].first, "optim.master_weights: true");
+  EXPECT_EQ(f.levers[0].second.cards, 2);  // 1 + 2/2 + 0.25 = 2.25 (one card: 3.25)
   ASSERT_TRUE(f.offload);
   EXPECT_TRUE(f.offload->fits);
-  EXPECT_EQ(f.offload->host_bytes, 7 * kGiB);
-  EXPECT_NE(f.note.find("sharded over 8 cards it fits"), std::string::npos) << f.note;
-  EXPECT_NE(f.note.find("one card holds it with optim.offload: host"), std::string::npos) << f.note;
-  const nlohmann::json j = f.to_json(card(3));
-  EXPECT_EQ(j["cards_to_fit"], 8);
-  EXPECT_EQ(j["offload"]["fits"], true);
-  EXPECT_EQ(j["offload"]["host_bytes"], 7 * kGiB);
-  // 2 + 8/n > 2.1 for every n up to 64 (2.125 at 64): null; offload does not fit either.
-  f = forecast(card(2.1), w, 72);
-  EXPECT_FALSE(f.cards_to_fit);
-  EXPECT_TRUE(f.to_json(card(2.1))["cards_to_fit"].is_null());
-  EXPECT_FALSE(f.offload->fits);
-  EXPECT_NE(f.note.find("no count of cards up to 64"), std::string::npos) << f.note;
-  // A global batch the count does not divide is said.
-  w.global_batch = 12;
-  w.micro_batch = 12;
-  f = forecast(card(3), w, 72);
-  EXPECT_NE(f.note.find("train.batch_size 12 must be a multiple of 8"), std::string::npos)
-      << f.note;
-  // One card holds it as it is: 1.
-  EXPECT_EQ(*forecast(card(20), w, 72).cards_to_fit, 1);
+  EXPECT_EQ(f.offload->host_bytes, 2 * kGiB);
+  EXPECT_NE(f.note.find("with optim.master_weights: true:"), std::string::npos) << f.note;
+  const nlohmann::json j = f.to_json(card(2.6));
+  ASSERT_EQ(j["levers"].size(), 1u);
+  EXPECT_EQ(j["levers"][0]["setting"], "optim.master_weights: true");
+  // A card that holds the run as it is suggests nothing.
+  EXPECT_TRUE(forecast(card(20), w, 72).levers.empty());
 }
 
 TEST(Forecast, TimeCostLostWorkAndCardsForADeadline) {
