@@ -10,6 +10,7 @@
 #include "cli/command_line.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
+#include "util/error_report.h"
 #include "util/signals.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     const int code = gpurun::exit_code_for(e);
     const std::string message = gpurun::error_message(e);
+    gpurun::leave_error_report(e, code, message);  // for a supervisor, when it asked for one
     if (code == gpurun::kExitSignal)
       spdlog::warn("{}", message);
     else

@@ -22,6 +22,7 @@
 #include "distributed/peer_probe.h"
 #include "gpurun/errors.h"
 #include "util/clock.h"
+#include "util/error_report.h"
 #include "util/units.h"
 
 namespace gpurun {
@@ -84,10 +85,11 @@ struct Collectives::Impl {
     } catch (const std::exception& e) {
       const double seconds = seconds_since(start);
       const std::string at = step >= 0 ? " during step " + std::to_string(step) : "";
-      throw Error("rank " + std::to_string(env.rank) + " on " + host + ": " + what + " across " +
-                  std::to_string(env.world_size) + " ranks" + at + " failed after " +
-                  format_seconds(seconds) + " s: " + e.what() + "; " +
-                  partition_report(peers, peers_answering(peers, kProbeSeconds), kProbeSeconds));
+      throw PeerFailure(
+          "rank " + std::to_string(env.rank) + " on " + host + ": " + what + " across " +
+          std::to_string(env.world_size) + " ranks" + at + " failed after " +
+          format_seconds(seconds) + " s: " + e.what() + "; " +
+          partition_report(peers, peers_answering(peers, kProbeSeconds), kProbeSeconds));
     }
   }
 

@@ -87,6 +87,19 @@ int root_cause_among(const std::vector<WorkerExit>& exits, const std::vector<int
   return root;
 }
 
+int root_cause_of(const std::vector<WorkerExit>& exits, int first) {
+  int root = -1;
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const WorkerExit& e = exits[i];
+    if (e.exit_code == kExitOk || (e.exit_code == kExitSignal && e.signal == 0)) continue;
+    // A worker the supervisor killed did not fail of itself; one it asked to stop and that
+    // exited with an error of its own (a data error found while it unwound) did.
+    if (e.peer_failure || (e.stopped && e.signal != 0)) continue;
+    if (root < 0 || e.failed_at < exits[root].failed_at) root = static_cast<int>(i);
+  }
+  return root >= 0 ? root : first;
+}
+
 int outcome_of(const std::vector<WorkerExit>& exits, int root) {
   if (root >= 0) return root;
   for (size_t i = 0; i < exits.size(); ++i)

@@ -21,6 +21,13 @@ struct WorkerExit {
   std::string last_lines;      ///< the last ~20 lines of its stderr, '\n'-separated
   double seconds = 0;          ///< how long it ran (wall clock)
   double stalled_seconds = 0;  ///< when hung: seconds without progress before the kill
+  /// Unix seconds when it failed: the time its error report gives (util/error_report.h), else
+  /// when it was reaped.
+  double failed_at = 0;
+  /// Its error report says a collective failed: a reaction to a peer's failure.
+  bool peer_failure = false;
+  /// The supervisor signalled it (after another worker failed, or to forward a stop).
+  bool stopped = false;
 };
 
 /// Whether an exit is retried: killed by a signal (SIGKILL from the OOM killer included), hung,
@@ -54,6 +61,13 @@ std::string last_lines_block(const WorkerExit& e);
 /// signal before an exit code other than 1 before exit 1 (a peer's death makes the others'
 /// collectives fail with 1), then the first in `ended`. Returns -1 when none of them failed.
 int root_cause_among(const std::vector<WorkerExit>& exits, const std::vector<int>& ended);
+
+/// The root cause once every worker of a group is reaped: among the failures, the first in time
+/// (failed_at) that is neither a reaction to a peer (peer_failure) nor a worker the supervisor
+/// killed (stopped, and dead by a signal); `first` (the first failure reaped,
+/// root_cause_among()) when there is none, as when every rank saw its collectives fail (a
+/// partition).
+int root_cause_of(const std::vector<WorkerExit>& exits, int first);
 
 /// The exit that stands for a group's run once every worker is reaped: the root cause `root`
 /// (-1: none), else the first worker stopped by exit 75 or killed by a signal, else the first

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -20,6 +22,7 @@
 #include "launch/worker_process.h"
 #include "report/reporter.h"
 #include "util/clock.h"
+#include "util/error_report.h"
 #include "util/signals.h"
 #include "util/units.h"
 
@@ -34,8 +37,33 @@ struct Running {
   SupervisorOptions::Worker spec;
   Child child;
   std::unique_ptr<StderrTap> tap;
-  HeartbeatKey beat;  ///< its heartbeat file as it was before the worker started
-  bool done = false;  ///< reaped
+  HeartbeatKey beat;       ///< its heartbeat file as it was before the worker started
+  std::string error_file;  ///< where it leaves its error (util/error_report.h)
+  bool done = false;       ///< reaped
+};
+
+/// A private folder for the workers' error files, removed with what is in it.
+class ErrorFolder {
+ public:
+  ErrorFolder() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/gpurun-errors-XXXXXX";
+    if (::mkdtemp(pattern.data())) path_ = pattern;
+  }
+  ~ErrorFolder() {
+    if (path_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ErrorFolder(const ErrorFolder&) = delete;
+  ErrorFolder& operator=(const ErrorFolder&) = delete;
+  /// The file of worker `i`; "" when the folder could not be made (no reports then).
+  std::string file(size_t i) const {
+    return path_.empty() ? "" : path_ + "/worker-" + std::to_string(i) + ".json";
+  }
+
+ private:
+  std::string path_;
 };
 
 /// One run of the group: its workers, their exits, and what the monitor has seen so far.
@@ -59,6 +87,7 @@ struct Group {
 /// (the root cause when a worker failed); the group's final state is Supervisor::state_.
 struct RunResult {
   WorkerExit exit;
+  bool echoed = true;       ///< its stderr was echoed to ours as it came
   int forwarded = 0;        ///< the stop signal we received and forwarded, 0 when none
   bool progressed = false;  ///< the heartbeat changed during the run
   int exec_errno = 0;       ///< execve failed: nothing ran
@@ -85,7 +114,7 @@ class Supervisor {
       }
       const WorkerExit& e = r.exit;
       if (options_.on_worker_exit) options_.on_worker_exit(e);
-      if (!should_restart(e)) return final_code(e);
+      if (!should_restart(e)) return final_code(e, r.echoed);
       if (r.forwarded != 0 || stop_signal() != 0) {
         spdlog::warn("{} after a stop signal; not restarting", cause(e));
         return e.signal != 0 ? kExitSignal : e.exit_code;  // a signal ends in 75, never 143
@@ -133,6 +162,11 @@ class Supervisor {
       Running& w = group_.workers[i];
       w.spec = specs[i];
       w.beat = heartbeat_key(w.spec.heartbeat_file);
+      w.error_file = errors_.file(i);
+      if (!w.error_file.empty()) {
+        ::unlink(w.error_file.c_str());  // an earlier run's
+        w.spec.env[kErrorFileVariable] = w.error_file;
+      }
       w.child = spawn(options_.argv, child_environment(options_.env, w.spec.env, restart));
       w.tap = std::make_unique<StderrTap>(w.child.stderr_fd, i == 0);
       group_.exits[i].name = w.spec.name;
@@ -178,8 +212,14 @@ class Supervisor {
       --group_.alive;
       WorkerExit& e = group_.exits[i];
       e.seconds = seconds_since(group_.start);
+      e.failed_at = unix_seconds();
       if (WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+      if (!w.error_file.empty())
+        if (const std::optional<ErrorReport> report = read_error_report(w.error_file)) {
+          e.failed_at = report->time;
+          e.peer_failure = report->peer_failure;
+        }
       // Only a heartbeat this worker wrote: one left by an earlier run (a rank that now fails
       // before its first step, at a config check) names a step this run never reached.
       if (!w.spec.heartbeat_file.empty() && heartbeat_key(w.spec.heartbeat_file) != w.beat)
@@ -189,14 +229,17 @@ class Supervisor {
     return ended;
   }
 
-  /// The first failure among the workers reaped in one poll is the root cause; the others
-  /// get SIGTERM, and SIGKILL after stop_timeout seconds (watchdog_tick).
+  /// The first failure among the workers reaped in one poll stops the group: the others get
+  /// SIGTERM, and SIGKILL after stop_timeout seconds (watchdog_tick). The root cause is decided
+  /// once every worker is reaped (finish_group): a reaction to a peer may end first.
   void pick_root_cause(const std::vector<int>& ended) {
     group_.root = root_cause_among(group_.exits, ended);
     if (group_.root < 0 || group_.alive == 0) return;
     const WorkerExit& e = group_.exits[group_.root];
-    spdlog::error("{} {}; stopping the other {} worker(s) (SIGTERM, SIGKILL after {} s)", e.name,
-                  describe(e), group_.alive, format_seconds(options_.stop_timeout));
+    spdlog::error("{} {}{}; stopping the other {} worker(s) (SIGTERM, SIGKILL after {} s)", e.name,
+                  describe(e),
+                  e.peer_failure ? " (a collective failed: a reaction to another rank?)" : "",
+                  group_.alive, format_seconds(options_.stop_timeout));
     signal_alive(SIGTERM, false);
     group_.kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(options_.stop_timeout));
@@ -258,7 +301,17 @@ class Supervisor {
       }
       group_.exits[i].last_lines = w.tap->finish();
     }
+    // The first failure in time that is not a reaction to a peer, whichever ended first.
+    const int first_reaped = group_.root;
+    group_.root = root_cause_of(group_.exits, first_reaped);
+    if (first_reaped >= 0 && group_.root != first_reaped) {
+      const WorkerExit& root = group_.exits[group_.root];
+      spdlog::error("{} failed first{}: {}", root.name,
+                    root.step >= 0 ? fmt::format(" (at step {})", root.step) : "", describe(root));
+    }
     r.exit = group_.exits[outcome_of(group_.exits, group_.root)];
+    // Its stderr, when it was not echoed as it came (only the first worker's is).
+    r.echoed = outcome_of(group_.exits, group_.root) == 0;
     if (group_.hung) {
       r.exit.hung = true;
       r.exit.stalled_seconds = group_.stalled_seconds;
@@ -298,11 +351,13 @@ class Supervisor {
     return false;
   }
 
-  /// The code for an exit that is not retried (0, 2, 3, 75), logged with its meaning.
-  static int final_code(const WorkerExit& e) {
+  /// The code for an exit that is not retried (0, 2, 3, 75), logged with its meaning, and with
+  /// the last lines of its stderr when they were not `echoed` as they came.
+  static int final_code(const WorkerExit& e, bool echoed) {
     if (e.exit_code == kExitUsage || e.exit_code == kExitNoResume) {
-      spdlog::error("{} ({}); not retried", cause(e),
-                    e.exit_code == kExitUsage ? "usage or config error" : "cannot resume");
+      spdlog::error("{} ({}); not retried{}", cause(e),
+                    e.exit_code == kExitUsage ? "usage or config error" : "cannot resume",
+                    echoed ? "" : "; last lines of its stderr:" + last_lines_block(e));
     } else if (e.exit_code == kExitSignal) {
       spdlog::warn("{} (stopped by a signal); not restarting", cause(e));
     }
@@ -316,10 +371,14 @@ class Supervisor {
   }
 
   /// Sends `sig` to every worker not yet reaped: to its pid, or with `whole_group` to its
-  /// whole process group (what it started too).
-  void signal_alive(int sig, bool whole_group) const {
-    for (const Running& w : group_.workers)
-      if (!w.done) ::kill(whole_group ? -w.child.pid : w.child.pid, sig);
+  /// whole process group (what it started too); they count as stopped, not failed.
+  void signal_alive(int sig, bool whole_group) {
+    for (size_t i = 0; i < group_.workers.size(); ++i) {
+      const Running& w = group_.workers[i];
+      if (w.done) continue;
+      ::kill(whole_group ? -w.child.pid : w.child.pid, sig);
+      group_.exits[i].stopped = true;
+    }
   }
 
   /// The workers to start: options_.workers, or one named "worker" whose heartbeat is the
@@ -340,6 +399,7 @@ class Supervisor {
   }
 
   const SupervisorOptions& options_;
+  ErrorFolder errors_;                          ///< the workers' error files
   WorkerState state_ = WorkerState::kStarting;  ///< the group's state, every change logged
   Group group_;                                 ///< the current run
   int failures_without_progress_ = 0;           ///< for the backoff

@@ -288,6 +288,72 @@ TEST_F(SupervisorRuns, FailureReportHoldsTheLastStderrLines) {
   EXPECT_EQ(text.find("line-19"), std::string::npos) << text;
 }
 
+// Issue 40, item 5: rank 1 has a data error (exit 2) and takes a while to exit after it, its
+// report written after rank 0 failed; rank 0's collective fails meanwhile (exit 1, its error
+// report says a peer failed) and is reaped first. The root cause is rank 1's error, with its
+// stderr, never retried; rank 0's reaction is not blamed. Each worker writes its report where
+// GPURUN_ERROR_FILE says, as gpurun's main does, and rank 1 outlives the SIGTERM the others get
+// (gpurun's handler only asks for a stop), as a rank in its error path does.
+TEST_F(SupervisorRuns, TheFirstFailureThatIsNotAReactionToAPeerIsTheRootCause) {
+  const std::string report =
+      "printf '{\"time\": %s, \"exit_code\": %s, \"message\": \"m\", \"peer_failure\": %s}' "
+      "\"$(date +%s.%N)\" ";
+  auto o = options(
+      "if [ \"$ROLE\" = 0 ]; then sleep 0.2; echo 'gpurun error all-reduce failed: Connection "
+      "closed by peer' >&2; " +
+          report +
+          "1 true > \"$GPURUN_ERROR_FILE\"; exit 1; fi; trap '' TERM; sleep 0.1; echo 'gpurun "
+          "error "
+          "token id 300 is not below the vocabulary size' >&2; sleep 0.4; " +
+          report + "2 false > \"$GPURUN_ERROR_FILE\"; exit 2",
+      2);
+  o.workers = {{{{"ROLE", "0"}}, "rank 0", ""}, {{{"ROLE", "1"}}, "rank 1", ""}};
+  o.stop_timeout = 5;
+  LogCapture log;
+  EXPECT_EQ(gpurun::supervise(o), 2);
+  ASSERT_EQ(exits_.size(), 1u);  // not retried
+  EXPECT_EQ(exits_[0].name, "rank 1");
+  EXPECT_EQ(exits_[0].exit_code, 2);
+  const std::string text = log.text();
+  EXPECT_NE(text.find("rank 1 failed first: exited with code 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 exited with code 2 (usage or config error); not retried"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  | gpurun error token id 300"), std::string::npos) << text;
+  EXPECT_EQ(runs().size(), 2u);  // both workers of one run
+}
+
+// Without reports (every rank's collectives failed, or no report was written), the first
+// failure reaped stays the root cause; a worker the supervisor killed is never it.
+TEST(SupervisorRules, RootCauseWithoutReportsIsTheFirstReapedAndNeverOneWeKilled) {
+  std::vector<WorkerExit> exits(3);
+  exits[0].exit_code = 1;
+  exits[0].failed_at = 10;
+  exits[0].peer_failure = true;
+  exits[1].exit_code = 1;
+  exits[1].failed_at = 11;
+  exits[1].peer_failure = true;
+  exits[2].exit_code = -1;
+  exits[2].signal = SIGKILL;
+  exits[2].stopped = true;
+  exits[2].failed_at = 9;
+  EXPECT_EQ(gpurun::root_cause_of(exits, 0), 0);
+  // A report of its own, not a reaction: the earliest such.
+  exits[1].peer_failure = false;
+  EXPECT_EQ(gpurun::root_cause_of(exits, 0), 1);
+  // Asked to stop, it exited with an error of its own (not killed): it counts.
+  exits[2] = WorkerExit{};
+  exits[2].exit_code = 2;
+  exits[2].stopped = true;
+  exits[2].failed_at = 10.5;
+  EXPECT_EQ(gpurun::root_cause_of(exits, 0), 2);
+  // Successes and stops are not failures.
+  std::vector<WorkerExit> fine(2);
+  fine[0].exit_code = 0;
+  fine[1].exit_code = 75;
+  EXPECT_EQ(gpurun::root_cause_of(fine, -1), -1);
+}
+
 TEST_F(SupervisorRuns, ReportNamesTheStepInTheHeartbeatWhenTheWorkerExited) {
   // A lone worker's heartbeat is the progress file; it is read once the worker is reaped, so
   // its last beat (written as it stops) is the step reported, not an earlier one.
