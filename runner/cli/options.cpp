@@ -23,6 +23,7 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "run-dir", T::kString, "DIR", "", "where metrics.jsonl and status.json go (default: the --ckpt directory)"},
     {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
+    {kRun, "allow-data-change", T::kFlag, "", "", "resume although the data's files or sample counts changed since the checkpoint (a warning and a data_change event instead of exit 3)"},
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
     {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},
     {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts; queue: per run, a hang is a failure)", true},

@@ -152,6 +152,42 @@ std::string small_folder(const std::string& from, const std::string& to) {
   return to;
 }
 
+// Issue 40, item 6: 40 images added to the folder between a stop and the resume (the held-out
+// split and the epoch would move) stop the resume with exit 3 naming the folder's counts.
+TEST_F(ImageFolderRun, ImagesAddedBeforeAResumeStopItWithExit3) {
+  const std::string folder = dir_ / "folder", later = dir_ / "later";
+  for (const char* cls : {"0_tshirt", "1_trouser"}) {
+    stdfs::create_directories(folder + "/" + cls);
+    stdfs::create_directories(later + "/" + cls);
+    int n = 0;
+    for (const auto& e : stdfs::directory_iterator(data_->path() + "/train/" + cls)) {
+      // The first 80 of each class now, 20 more later.
+      stdfs::copy_file(e.path(),
+                       (n < 80 ? folder : later) + "/" + cls + "/" + e.path().filename().string());
+      if (++n == 100) break;
+    }
+  }
+  const std::string c = write_config(dir_,
+                                     "model: {name: mlp, hidden: [16]}\n"
+                                     "data: {name: image_folder, path: " +
+                                         folder +
+                                         ", image_size: 28, channels: 1, augment: none}\n"
+                                         "train: {epochs: 2, batch_size: 16, threads: 1}\n",
+                                     "added.yaml");
+  const std::string ckpt = dir_ / "added";
+  const Result stopped =
+      run_gpurun({c, "--ckpt", ckpt}, {{"GPURUN_FAULT", "sigterm:after_step:3"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  for (const char* cls : {"0_tshirt", "1_trouser"})
+    for (const auto& e : stdfs::directory_iterator(later + "/" + cls))
+      stdfs::copy_file(e.path(), folder + "/" + cls + "/" + e.path().filename().string());
+  const Result refused = run_gpurun({c, "--ckpt", ckpt, "--resume"});
+  EXPECT_EQ(refused.exit_code, 3) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "data.path " + folder + ": 200 files of ")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "was 160 files of ")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "training samples: 180, was 144")) << refused.err;
+}
+
 TEST_F(ImageFolderRun, BadFoldersAndFilesExitTwoNamingThemWithNothingUnderCkpt) {
   const std::string model = "model: {name: mlp, hidden: [16]}\ntrain: {threads: 1}\n";
   const auto run = [&](const std::string& name, const std::string& data) {

@@ -127,6 +127,61 @@ TEST_F(TokensRun, KillAndResumeGivesTheUninterruptedDigest) {
   EXPECT_EQ(inspect(dir / "ckpt").value("model_digest", ""), expected);
 }
 
+// Issue 40, item 6: the data is fingerprinted in every manifest. train.bin grown between the
+// stop and the resume (the epoch would become longer, the cosine schedule another) stops the
+// resume with exit 3 naming the file and its sizes, and nothing is trained; with
+// --allow-data-change it resumes, with a warning and a data_change event. A file rewritten with
+// the same bytes (a newer mtime alone, as a copy made anew on another machine) resumes with a
+// warning.
+TEST_F(TokensRun, AResumeOverChangedDataStopsNamingTheChangeUnlessAllowed) {
+  TempDir dir;
+  write_tokens(dir / "train.bin", text_.substr(0, 2000 * 32 + 1));
+  write_tokens(dir / "val.bin", text_.substr(100000, 2000));
+  const std::string config = tokens_config(dir, ", context: 32, eval_samples: 32");
+  const std::string ckpt = dir / "ckpt";
+  const Result stopped =
+      run_gpurun({config, "--ckpt", ckpt}, {{"GPURUN_FAULT", "sigterm:after_step:6"}});
+  ASSERT_EQ(stopped.exit_code, 75) << stopped.err;
+  const nlohmann::json data = inspect(ckpt)["extra"]["data"];
+  ASSERT_TRUE(data.is_object()) << inspect(ckpt).dump();
+  EXPECT_EQ(data["train_samples"], 2000);
+  EXPECT_EQ(data["sources"].size(), 2u);  // train.bin, and val.bin beside it
+
+  // The same bytes written again: newer, the same data.
+  sleep_for(0.02);
+  write_tokens(dir / "train.bin", text_.substr(0, 2000 * 32 + 1));
+  const Result touched =
+      run_gpurun({config, "--ckpt", ckpt, "--resume"}, {{"GPURUN_FAULT", "sigterm:after_step:8"}});
+  ASSERT_EQ(touched.exit_code, 75) << touched.err;
+  EXPECT_TRUE(contains(touched.err, "by name and size, but newer")) << touched.err;
+
+  // 1000 windows more: refused, nothing trained, nothing written.
+  write_tokens(dir / "train.bin", text_.substr(0, 3000 * 32 + 1));
+  const std::string latest = slurp(ckpt + "/LATEST");
+  const size_t logged = events(ckpt, "step").size();
+  const Result refused = run_gpurun({config, "--ckpt", ckpt, "--resume"});
+  EXPECT_EQ(refused.exit_code, 3) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "the data changed since the checkpoint was written"))
+      << refused.err;
+  EXPECT_TRUE(contains(refused.err, "data.path " + (dir / "train.bin") +
+                                        ": changed size: train.bin 192002 bytes, was 128002"))
+      << refused.err;
+  EXPECT_TRUE(contains(refused.err, "training samples: 3000, was 2000")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "--allow-data-change")) << refused.err;
+  EXPECT_FALSE(contains(refused.err, "probing")) << refused.err;
+  EXPECT_EQ(slurp(ckpt + "/LATEST"), latest);
+  EXPECT_EQ(events(ckpt, "step").size(), logged);
+
+  const Result allowed = run_gpurun({config, "--ckpt", ckpt, "--resume", "--allow-data-change"});
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.err;
+  EXPECT_TRUE(contains(allowed.err, "--allow-data-change: resuming")) << allowed.err;
+  const auto changes = events(ckpt, "data_change");
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0]["changes"].size(), 2u) << changes[0];
+  // The checkpoints from here on record the new data.
+  EXPECT_EQ(inspect(ckpt)["extra"]["data"]["train_samples"], 3000);
+}
+
 TEST_F(TokensRun, SequentialWindowsVisitEveryTokenOncePerEpoch) {
   TempDir dir;
   // 96 windows of 32 tokens and the one token after the last: 6 steps of 16 an epoch.

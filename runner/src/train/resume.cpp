@@ -81,6 +81,39 @@ void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
       fewest));
 }
 
+nlohmann::json check_data(const LoadedCheckpoint& loaded, const DataFingerprint& now, bool allow) {
+  const nlohmann::json& saved = loaded.meta.extra.value("data", nlohmann::json());
+  if (!saved.is_object()) return nullptr;  // an older gpurun's checkpoint
+  DataFingerprint before;
+  try {
+    before = DataFingerprint::from_json(saved);
+  } catch (const nlohmann::json::exception&) {
+    spdlog::warn("{}: its data fingerprint is unreadable; the data is not compared",
+                 loaded.info.path);
+    return nullptr;
+  }
+  const DataChange change = compare_data(before, now);
+  if (!change.touched.empty()) {
+    std::string paths;
+    for (const std::string& t : change.touched) paths += (paths.empty() ? "" : ", ") + t;
+    spdlog::warn(
+        "the data's files are as the checkpoint's run found them, by name and size, but newer "
+        "({}): a copy made anew on this machine is the same data; a file rewritten in place to "
+        "the same size is not, and would make this resume another run",
+        paths);
+  }
+  if (change.changes.empty()) return nullptr;
+  std::string lines;
+  for (const std::string& c : change.changes) lines += "\n  " + c;
+  if (!allow)
+    throw ResumeError("cannot resume " + loaded.info.path +
+                      ": the data changed since the checkpoint was written:" + lines +
+                      "\n(the data order, the epoch's length and the schedule follow the data; "
+                      "resume over it with --allow-data-change, or restore the data)");
+  spdlog::warn("--allow-data-change: resuming {} over changed data:{}", loaded.info.path, lines);
+  return {{"path", loaded.info.path}, {"changes", change.changes}};
+}
+
 nlohmann::json load_init_from(torch::nn::Module& model, const RunConfig& config) {
   const InitialWeights init = load_initial_weights(
       model, config_path(config, config.model.init_from), config.model.init_strict);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/store.h"
+#include "data/data_fingerprint.h"
 #include "gpurun/config.h"
 #include "train/precision.h"
 
@@ -33,6 +34,14 @@ int64_t steps_per_epoch(const RunConfig& config, int64_t train_samples);
 /// finishes at once, its final checkpoint being that one.
 void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
                      int64_t steps_per_epoch);
+
+/// Compares the data of this run (`now`) with the fingerprint `loaded` recorded
+/// (data/data_fingerprint.h). Throws ResumeError naming each change (a file added, removed or of
+/// another size; another sample count) unless `allow` (--allow-data-change); then, and for files
+/// whose mtime alone is newer, a warning. Returns the changes allowed as an event's fields
+/// ({path, changes}), null when none. A checkpoint without a fingerprint (an older gpurun's) is
+/// not compared.
+nlohmann::json check_data(const LoadedCheckpoint& loaded, const DataFingerprint& now, bool allow);
 
 /// model.init_from into `model` of a fresh run, logged with what strict false left out; returns
 /// InitialWeights::to_json() for the manifests. Throws as load_initial_weights().

@@ -20,6 +20,8 @@
 #include "checkpoint/sharded_state.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
+#include "config/paths.h"
+#include "data/data_fingerprint.h"
 #include "data/loader.h"
 #include "distributed/collectives.h"
 #include "gpurun/config.h"
@@ -69,6 +71,16 @@ void Trainer::run() {
     total_steps_ = steps_per_epoch_ * config_.train.epochs;
     // Refused before any probe: planning takes device time, and a refused resume needs none.
     if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
+    // Rank 0 saves it and compares it: another rank's run ends with rank 0's refusal.
+    if (rank_ == 0) {
+      const DataFingerprint data = fingerprint_data(
+          resolved_data(config_, false), data_.train->size(), data_.eval ? data_.eval->size() : 0);
+      data_fingerprint_ = data.to_json();
+      if (loaded && options_.resume)
+        if (const nlohmann::json allowed = check_data(*loaded, data, options_.allow_data_change);
+            !allowed.is_null())
+          reporter_.event("data_change", allowed);
+    }
     if (!loaded && !config_.model.init_from.empty()) init_from_ = load_init_from(*model_, config_);
     std::optional<MemoryPlan> saved;
     if (loaded && loaded->info.manifest.contains("plan"))
@@ -420,6 +432,7 @@ void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
   meta.extra["step_interval"] = metrics_.interval_state();
   if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
   meta.extra["run_id"] = run_id_;
+  if (!data_fingerprint_.is_null()) meta.extra["data"] = data_fingerprint_;
   if (position > 0) {
     meta.extra["epoch_loss_sum"] = epoch_loss_sum_;
     meta.extra["epoch_loss_samples"] = epoch_loss_samples_;

@@ -20,6 +20,8 @@ struct RunOptions {
   std::string run_dir;          ///< metrics.jsonl, status.json; empty: ckpt_dir
   bool resume = false;          ///< continue from the newest complete checkpoint if there is one
   bool force = false;           ///< take the directory's lease at once, even from a live run
+  /// Resume although the data changed since the checkpoint (train/resume.h check_data()).
+  bool allow_data_change = false;
   std::string device = "auto";  ///< auto | cpu | cuda
   int64_t restart_count = 0;    ///< GPURUN_RESTART_COUNT, reported in status.json
   int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device

@@ -172,6 +172,8 @@ class Trainer {
   std::optional<GradScaler> scaler_;  ///< fp16 only
   int64_t skipped_steps_ = 0;         ///< fp16 steps skipped for inf or NaN gradients, the run's
   nlohmann::json init_from_;          ///< InitialWeights::to_json() of model.init_from; null: none
+  /// Rank 0: this run's data (data/data_fingerprint.h), recorded in every manifest.
+  nlohmann::json data_fingerprint_;
   /// Random at a fresh start, then carried by every checkpoint (manifest extra.run_id): the
   /// lineage of a run, which the resume check compares (drawn from std::random_device, never
   /// from a generator that training uses).

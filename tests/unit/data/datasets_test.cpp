@@ -17,6 +17,7 @@
 #include "common/temp_dir.h"
 
 #include "builtin.h"
+#include "data/data_fingerprint.h"
 #include "gpurun/errors.h"
 #include "gpurun/registry.h"
 
@@ -194,6 +195,58 @@ TEST_F(DataFiles, SyntheticIsDeterministicAndFollowsTheSeed) {
   EXPECT_EQ(std::get<0>(at::_unique(x.targets)).numel(), 5);
   c.seed = 1;
   EXPECT_FALSE(at::equal(all(*registry_.make_dataset(c).train).inputs, x.inputs));
+}
+
+}  // namespace
+}  // namespace gpurun
+
+namespace gpurun {
+namespace {
+
+// Issue 40, item 6: the data's fingerprint names what changed, file by file where the folder
+// is small; a newer mtime alone is not a change.
+TEST(DataFingerprint, NamesFilesAddedRemovedAndResizedAndTellsATouchFromAChange) {
+  test::TempDir tmp{"fingerprint"};
+  const std::string dir = tmp.path() + "/images";
+  std::filesystem::create_directories(dir + "/cat");
+  std::ofstream(dir + "/cat/a.png") << "aaaa";
+  std::ofstream(dir + "/cat/b.png") << "bb";
+  DataConfig data;
+  data.name = "image_folder";
+  data.path = dir;
+  const DataFingerprint before = fingerprint_data(data, 2, 0);
+  ASSERT_EQ(before.sources.size(), 1u);
+  EXPECT_EQ(before.sources[0].files, 2);
+  EXPECT_EQ(before.sources[0].bytes, 6);
+  // Through the manifest's JSON and back.
+  const DataFingerprint saved = DataFingerprint::from_json(before.to_json());
+  EXPECT_TRUE(compare_data(saved, fingerprint_data(data, 2, 0)).changes.empty());
+
+  // The same bytes written again later: touched, not changed.
+  ::usleep(20000);
+  std::ofstream(dir + "/cat/b.png") << "bb";
+  DataChange c = compare_data(saved, fingerprint_data(data, 2, 0));
+  EXPECT_TRUE(c.changes.empty());
+  ASSERT_EQ(c.touched.size(), 1u);
+  EXPECT_EQ(c.touched[0], "data.path " + dir);
+
+  std::ofstream(dir + "/cat/c.png") << "c";
+  std::filesystem::remove(dir + "/cat/a.png");
+  std::ofstream(dir + "/cat/b.png") << "bbbbb";
+  c = compare_data(saved, fingerprint_data(data, 3, 0));
+  ASSERT_EQ(c.changes.size(), 2u);
+  EXPECT_EQ(c.changes[0], "training samples: 3, was 2");
+  EXPECT_EQ(c.changes[1], "data.path " + dir +
+                              ": 1 added: cat/c.png; 1 removed: cat/a.png; changed size: "
+                              "cat/b.png 5 bytes, was 2");
+  // A source read before and not now (data.eval_path dropped), and the synthetic set's none.
+  DataConfig with_eval = data;
+  with_eval.eval_path = dir;
+  c = compare_data(fingerprint_data(with_eval, 3, 1), fingerprint_data(data, 3, 1));
+  ASSERT_EQ(c.changes.size(), 1u);
+  EXPECT_EQ(c.changes[0], "data.eval_path " + dir + ": read by the checkpoint's run, not now");
+  data.name = "synthetic";
+  EXPECT_TRUE(fingerprint_data(data, 3, 1).sources.empty());
 }
 
 }  // namespace
