@@ -110,7 +110,7 @@ void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& in
     out << std::left << std::setw(static_cast<int>(width)) << printable(info.name) << "  "
         << std::right << std::setw(5) << info.epoch << "  " << std::setw(9) << info.global_step
         << "  " << std::setw(12)
-        << (status.rfind("SET ASIDE", 0) == 0 ? "-" : std::to_string(info.bytes)) << "  " << status
+        << (starts_with(status, "SET ASIDE") ? "-" : std::to_string(info.bytes)) << "  " << status
         << (latest.names(info.name) ? "  <- LATEST" : "") << "\n";
   };
   for (const auto& info : infos) {

@@ -28,6 +28,7 @@
 #include "util/signals.h"
 #include "util/units.h"
 #include "util/version.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -110,7 +111,7 @@ std::vector<std::string> worker_argv(int argc, const char* const argv[]) {
 std::string bad_value_message(const std::string& what, int argc, const char* const argv[]) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
+    if (!starts_with(a, "--")) continue;
     const size_t eq = a.find('=');
     const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     const std::string value =

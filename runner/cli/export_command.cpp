@@ -114,7 +114,7 @@ LoadedCheckpoint choose(const std::string& dir, std::optional<int64_t> step) {
                       " are lost until the run trains them "
                       "again (`gpurun run ... --resume`); " +
                       take);
-  if (complete->path.rfind(dir, 0) != 0)
+  if (!starts_with(complete->path, dir))
     spdlog::info("exporting from the local tier: {} (global step {})", complete->path,
                  complete->global_step);
   return loaded(*complete);

@@ -1,4 +1,5 @@
 #include "cli/options.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -73,7 +74,7 @@ std::vector<std::string> without_launcher_options(const std::vector<std::string>
         dropped = true;
         break;
       }
-      if (takes_value && a.rfind(flag + "=", 0) == 0) {
+      if (takes_value && starts_with(a, flag + "=")) {
         dropped = true;
         break;
       }

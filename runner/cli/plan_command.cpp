@@ -25,7 +25,7 @@
 #include "model/fine_tune.h"
 #include "report/reporter.h"
 #include "train/device.h"
-#include "train/precision.h"
+#include "model/precision.h"
 #include "train/run_setup.h"
 #include "util/clock.h"
 #include "util/units.h"

@@ -122,7 +122,7 @@ std::pair<Estimate, std::optional<Estimate>> per_sample(const RunConfig& c, cons
     return e;
   };
   const bool checkpointing = !session.model->segments().empty() &&
-                             (c.memory.strategy == "auto" || c.memory.strategy == "checkpoint");
+                             may_checkpoint(memory_strategy(c.memory.strategy));
   return {one(plain), checkpointing ? std::optional<Estimate>(one(ck)) : std::nullopt};
 }
 

@@ -16,7 +16,7 @@
 #include "gpurun/config.h"
 #include "memory/peak_probe.h"
 #include "memory/rank_state.h"
-#include "train/precision.h"
+#include "model/precision.h"
 #include "train/run_setup.h"
 
 namespace gpurun {

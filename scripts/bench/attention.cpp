@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "memory/meter.h"
-#include "train/precision.h"
+#include "model/precision.h"
 #include "util/units.h"
 
 namespace {

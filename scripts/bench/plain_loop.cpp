@@ -16,7 +16,7 @@
 #include "gpurun/config.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
-#include "train/optimizer.h"
+#include "optim/torch_optimizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The sharded optimizer, side by side in one run on this machine, 2 ranks over Gloo, 1 thread
-# each, alternating 3 rounds:
-#  1. on a gpt (4 blocks x 256, the King James Bible): gpurun's 2-rank sharded step
-#     (distributed.shard: optimizer) against its 2-rank DDP step, and the bytes each moves per
-#     optimizer step (the step events' moved_bytes_per_step, ring model);
-#  2. on an MLP 784-2048-2048-10 with AdamW, global batch 128: gpurun sharded against PyTorch's
-#     ZeroRedundancyOptimizer + DistributedDataParallel under torchrun (Gloo), the PyTorch of
-#     install-deps.sh. PyTorch's loop trains on random tensors already in memory; gpurun's reads
-#     Fashion-MNIST through its data set, which only counts against gpurun.
-# Step times are medians of the step events after the first (warm-up) interval.
+# The sharded optimizer, side by side in one run on this machine, over Gloo, 1 thread a rank,
+# alternating 3 rounds:
+#  1. a gpt of 6 blocks x 384, 6 heads, context 256, global batch 16 (the King James Bible for
+#     gpurun, random ids in memory for PyTorch): gpurun's replicated (DDP) and sharded
+#     (distributed.shard: optimizer) steps against PyTorch's DDP, ZeroRedundancyOptimizer + DDP
+#     and FSDP2 under torchrun (scripts/bench/sharded_gpt.py, the same model in PyTorch), at 2
+#     and 4 ranks, and the bytes gpurun moves per step (the step events' moved_bytes_per_step);
+#  2. an MLP 784-2048-2048-10 with AdamW, global batch 128, 2 ranks: gpurun sharded against
+#     ZeroRedundancyOptimizer + DistributedDataParallel.
+# PyTorch is the one install-deps.sh installed. Step times are medians of the step events after
+# the first three. On a machine with fewer cores than ranks both sides share them alike.
 # Usage: scripts/bench/sharded.sh   (GPURUN=path/to/gpurun, default build/runner/gpurun)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,12 +18,12 @@ python=$(scripts/install-deps.sh --print-torch-python)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cat >"$work/gpt.yaml" <<'YAML'
-model: {name: gpt, layers: 4, width: 256, heads: 4}
-data: {name: text, path: /usr/local/share/gpurun/kjv.txt, context: 64, train_samples: 1280, eval_samples: 64}
+model: {name: gpt, layers: 6, width: 384, heads: 6, dropout: 0}
+data: {name: text, path: /usr/local/share/gpurun/kjv.txt, context: 256, train_samples: 256, eval_samples: 16}
 optim: {name: adamw, lr: 0.0003, weight_decay: 0.1}
-train: {epochs: 1, batch_size: 32, threads: 1}
+train: {epochs: 1, batch_size: 16, threads: 1}
 memory: {probe_steps: 1}
-log: {every_steps: 5}
+log: {every_steps: 1}
 YAML
 cat >"$work/mlp.yaml" <<'YAML'
 model: {name: mlp, hidden: [2048, 2048]}
@@ -61,7 +62,7 @@ PY
 steps() {  # median seconds per optimizer step and moved bytes, from a run's step events
   /usr/bin/python3 - "$1" "$2" <<'PY'
 import json, statistics, sys
-events = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if '"event":"step"' in l][1:]
+events = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if '"event":"step"' in l][3:]
 batch = int(sys.argv[2])
 print(statistics.median(batch / e["samples_per_second"] for e in events),
       statistics.median(e.get("moved_bytes_per_step", 0) for e in events))
@@ -69,10 +70,19 @@ PY
 }
 : >"$work/results"
 for round in 1 2 3; do
-  for shard in none optimizer; do
-    "$gpurun" "$work/gpt.yaml" --ckpt "$work/gpt-$shard-$round" --nproc-per-node 2 \
-      --set distributed.shard=$shard 2>/dev/null
-    echo "gpt $shard $(steps "$work/gpt-$shard-$round" 32)" >>"$work/results"
+  for n in 2 4; do
+    for shard in none optimizer; do
+      "$gpurun" "$work/gpt.yaml" --ckpt "$work/gpt-$n-$shard-$round" --nproc-per-node $n \
+        --set distributed.shard=$shard 2>/dev/null
+      echo "gpt$n $shard $(steps "$work/gpt-$n-$shard-$round" 16)" >>"$work/results"
+    done
+    for mode in ddp zero fsdp2; do
+      # torchrun's exit code can be a rank's trouble tearing Gloo down after rank 0 printed.
+      seconds=$("$python" -m torch.distributed.run --nproc-per-node $n scripts/bench/sharded_gpt.py \
+        $mode 6 384 6 256 16 16 2>"$work/torch.err" | tail -1) || true
+      [ -n "$seconds" ] || { echo "PyTorch $mode on $n ranks failed:" >&2; tail -5 "$work/torch.err" >&2; exit 1; }
+      echo "gpt$n torch-$mode $seconds 0" >>"$work/results"
+    done
   done
   "$gpurun" "$work/mlp.yaml" --ckpt "$work/mlp-$round" --nproc-per-node 2 \
     --set distributed.shard=optimizer 2>/dev/null
@@ -87,8 +97,18 @@ for line in open(sys.argv[1]):
     rows.setdefault((model, mode), []).append((float(seconds), float(moved)))
 med = lambda k, i=0: statistics.median(r[i] for r in rows[k])
 for k, v in sorted(rows.items()):
-    print(f"{k[0]:4} {k[1]:10}: step {', '.join(f'{s * 1e3:.0f}' for s, _ in v)} ms; moved {v[0][1] / 2**20:.2f} MiB")
-print(f"gpt: sharded step / DDP step            : {med(('gpt', 'optimizer')) / med(('gpt', 'none')):.2f}  (goal <= 1.05)")
-print(f"gpt: bytes moved, sharded / DDP         : {med(('gpt', 'optimizer'), 1) / med(('gpt', 'none'), 1):.2f}  (goal 1.0)")
-print(f"mlp: sharded step / ZeroRedundancyOptimizer + DDP (torchrun): {med(('mlp', 'optimizer')) / med(('mlp', 'zero')):.2f}  (goal <= 1.0)")
+    print(f"{k[0]:5} {k[1]:12}: step {', '.join(f'{s * 1e3:.0f}' for s, _ in v)} ms"
+          + (f"; moved {v[0][1] / 2**20:.2f} MiB" if v[0][1] else ""))
+for n in (2, 4):
+    g = f"gpt{n}"
+    print(f"gpt, {n} ranks: gpurun sharded / ZeroRedundancyOptimizer + DDP: "
+          f"{med((g, 'optimizer')) / med((g, 'torch-zero')):.2f}  (goal <= 1.0)")
+    print(f"gpt, {n} ranks: gpurun sharded / FSDP2                         : "
+          f"{med((g, 'optimizer')) / med((g, 'torch-fsdp2')):.2f}")
+    print(f"gpt, {n} ranks: gpurun replicated / DDP                         : "
+          f"{med((g, 'none')) / med((g, 'torch-ddp')):.2f}  (goal <= 1.0)")
+    print(f"gpt, {n} ranks: gpurun sharded / gpurun replicated              : "
+          f"{med((g, 'optimizer')) / med((g, 'none')):.2f}; bytes moved "
+          f"{med((g, 'optimizer'), 1) / med((g, 'none'), 1):.2f}")
+print(f"mlp, 2 ranks: gpurun sharded / ZeroRedundancyOptimizer + DDP: {med(('mlp', 'optimizer')) / med(('mlp', 'zero')):.2f}  (goal <= 1.0)")
 PY

@@ -16,7 +16,9 @@ using namespace gpurun::test;
 namespace {
 
 /// 480 samples, global batch 48 (2 ranks split it): 10 optimizer steps an epoch, 2 epochs, a
-/// checkpoint every 4 steps; AdamW with clipping at 1.0, the LLM recipe's.
+/// checkpoint every 4 steps, written before the next step (an asynchronous write of step 12
+/// may still be under way when step 13's SIGKILL comes, on a fast CPU); AdamW with clipping at
+/// 1.0, the LLM recipe's.
 std::string cnn_config(const TempDir& dir) {
   return write_config(dir,
                       "model: {name: cnn, channels: [8, 16], batch_norm: true, dropout: 0.1}\n"
@@ -24,7 +26,7 @@ std::string cnn_config(const TempDir& dir) {
                       "optim: {name: adamw, lr: 0.003, weight_decay: 0.01, grad_clip: 1.0,\n"
                       "        master_weights: true}\n"
                       "train: {epochs: 2, batch_size: 48, seed: 3, threads: 1}\n"
-                      "checkpoint: {every_steps: 4}\n"
+                      "checkpoint: {every_steps: 4, async: false}\n"
                       "memory: {probe_steps: 1}\n"
                       "log: {every_steps: 1}\n");
 }

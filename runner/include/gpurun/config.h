@@ -151,7 +151,7 @@ struct TrainConfig {
   int64_t seed = 0;
   int64_t threads = 0;                 ///< intra-op threads; 0: LibTorch's default
   std::string loss = "cross_entropy";  ///< registry name of the loss (loss.h)
-  /// fp32 | bf16 | fp16 | auto: the autocast dtype of the forward pass (train/precision.h);
+  /// fp32 | bf16 | fp16 | auto: the autocast dtype of the forward pass (model/precision.h);
   /// fp16 trains with a gradient scaler. auto: bf16 where the device has it, else fp16 on
   /// CUDA, else fp32.
   std::string precision = "fp32";

@@ -357,6 +357,11 @@ bool Lease::step_down(const std::string& cause) const {
   return true;
 }
 
+std::string Lease::heartbeat_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
 std::string Lease::trouble() const {
   std::lock_guard<std::mutex> lock(mu_);
   return lost_ || expired_ ? trouble_ : std::string();

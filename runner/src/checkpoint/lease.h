@@ -129,6 +129,10 @@ class Lease {
   /// expired: no heartbeat could be written for 60 s (last error: ...)"). Empty otherwise.
   std::string trouble() const;
 
+  /// The error the last heartbeat met ("write DIR/lease.json.tmp-...: Not a directory"); empty
+  /// when the last one was written, or none has been tried yet.
+  std::string heartbeat_error() const;
+
   /// Our lease as last written (heartbeat = time of the last successful heartbeat).
   LeaseHolder holder() const;
 

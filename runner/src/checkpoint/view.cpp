@@ -77,7 +77,6 @@ std::string name_of(const std::string& path) {
   return stdfs::path(path).lexically_normal().filename().string();
 }
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
 bool is_plain_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&

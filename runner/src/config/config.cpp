@@ -30,6 +30,7 @@
 #include "gpurun/errors.h"
 #include "util/hash.h"
 #include "util/units.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -63,7 +64,7 @@ json::json_pointer pointer_of(const std::string& dotted) {
 /// True when some key lies under `group` ("model.lora"), which is not a key itself.
 bool is_group(const std::string& group) {
   return std::any_of(schema().begin(), schema().end(),
-                     [&](const Key& k) { return std::string(k.name).rfind(group + ".", 0) == 0; });
+                     [&](const Key& k) { return starts_with(k.name, group + "."); });
 }
 
 std::vector<std::string> sections() {
@@ -128,7 +129,7 @@ std::string unknown_key_message(const std::string& name) {
   if (is_group(name)) {
     std::vector<std::string> members;
     for (const Key& k : schema())
-      if (std::string(k.name).rfind(name + ".", 0) == 0) members.push_back(last_of(k.name));
+      if (starts_with(k.name, name + ".")) members.push_back(last_of(k.name));
     return name + " is a group of keys (" + join(members, ", ") + "), not a value: write " +
            last_of(name) + ": {" + members.front() + ": ...} under " + section_of(name) +
            ":, or --set " + name + "." + members.front() + "=...";

@@ -13,13 +13,14 @@
 #include "data/image_codec.h"
 #include "data/image_folder.h"
 #include "gpurun/errors.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
 
 namespace stdfs = std::filesystem;
 
-bool hidden(const stdfs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+bool hidden(const stdfs::path& p) { return starts_with(p.filename().string(), "."); }
 
 /// The format named by a file's first 8 bytes. Throws IoError when it cannot be read.
 ImageFormat sniff_file(const std::string& path) {

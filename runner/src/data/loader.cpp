@@ -17,16 +17,13 @@
 #endif
 
 #include "gpurun/config.h"
+#include "util/clock.h"
 
 namespace gpurun {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 /// "epoch 3, position 517" or "evaluation".
 std::string where(const BatchContext& context, int64_t i) {

@@ -24,12 +24,13 @@
 #include "util/clock.h"
 #include "util/error_report.h"
 #include "util/units.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
 
 bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+  return host == "localhost" || starts_with(host, "127.") || host == "::1";
 }
 
 /// The address the peers reach this rank at: loopback for a single-node job (which needs no

@@ -23,8 +23,8 @@
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
 #include "optim/flat_optimizer.h"
-#include "train/micro_batch_step.h"
-#include "train/optimizer.h"
+#include "model/micro_batch_step.h"
+#include "optim/torch_optimizer.h"
 #include "util/clock.h"
 #include "util/rng.h"
 

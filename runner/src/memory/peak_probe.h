@@ -22,7 +22,7 @@
 #include "gpurun/loss.h"
 #include "memory/planner.h"
 #include "optim/step_optimizer.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace gpurun {
 

@@ -88,7 +88,8 @@ PlacementChoice choose_placement(const PlacementRequest& r,
     shard = "none";
   }
   std::vector<OptimizerPlacement> candidates;
-  const bool shard_auto = shard == "auto" && r.world_size > 1 && r.strategy == "auto";
+  const bool shard_auto =
+      shard == "auto" && r.world_size > 1 && r.strategy == MemoryStrategy::kAuto;
   if (shard_auto) {
     for (const char* mode : {"none", "optimizer", "gradients"}) {
       // Master weights or offload alone already shard the state over the ranks (the flat
@@ -102,7 +103,7 @@ PlacementChoice choose_placement(const PlacementRequest& r,
     base.shard = shard == "auto" ? "none" : shard;
     candidates.push_back(base);
   }
-  const bool offload_auto = r.offload == "auto" && r.strategy == "auto";
+  const bool offload_auto = r.offload == "auto" && r.strategy == MemoryStrategy::kAuto;
   if (offload_auto) {
     for (size_t i = 0, n = candidates.size(); i < n; ++i) {
       // Offload only shards that are worth it: with several ranks, sharded ones.
@@ -126,7 +127,9 @@ PlacementChoice choose_placement(const PlacementRequest& r,
       choice.smallest = e;
       if (tried.empty() && !shard_auto && r.shard == "auto")
         choice.reason =
-            r.world_size > 1 ? "memory.strategy " + r.strategy + " does not shard" : "one rank";
+            r.world_size > 1
+                ? "memory.strategy " + std::string(strategy_name(r.strategy)) + " does not shard"
+                : "one rank";
       else if (tried.empty() && !shard_auto)
         choice.reason = "as configured";
       else if (tried.empty() && !p.flat())
@@ -210,7 +213,7 @@ PlacementChoice place_optimizer(const RunConfig& config, const StateShape& state
   r.offload = config.optim.offload;
   r.master_weights = uses_master_weights(config, precision);
   r.sixteen_bits = precision != Precision::kFp32;
-  r.strategy = config.memory.strategy;
+  r.strategy = memory_strategy(config.memory.strategy);
   r.world_size = world_size;
   PlanRequest capacity;
   capacity.capacity_bytes = capacity_bytes;

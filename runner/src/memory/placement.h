@@ -12,7 +12,7 @@
 #include "memory/peak_probe.h"
 #include "memory/rank_state.h"
 #include "optim/step_optimizer.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace gpurun {
 
@@ -22,7 +22,7 @@ struct PlacementRequest {
   std::string offload = "none";   ///< optim.offload: none | host | auto
   bool master_weights = false;    ///< optim.master_weights, under bf16 or fp16
   bool sixteen_bits = false;      ///< bf16 or fp16: master weights would apply
-  std::string strategy = "auto";  ///< memory.strategy: only auto adds sharding and offload
+  MemoryStrategy strategy = MemoryStrategy::kAuto;  ///< only auto adds sharding and offload
   int64_t world_size = 1;
   int64_t usable_bytes = 0;  ///< the card's capacity less memory.headroom
   /// Host memory the offloaded state of this node's ranks may take (host_capacity_bytes());

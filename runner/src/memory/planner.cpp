@@ -286,7 +286,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
     spdlog::warn("micro-batch {} needs {}, more than the {} usable of {}", req.micro_batch,
                  need_text(base, req.capacity_bytes), format_bytes(usable),
                  format_bytes(req.capacity_bytes));
-    if (req.strategy == "none")
+    if (req.strategy == MemoryStrategy::kNone)
       throw ConfigError("memory.strategy is none and micro-batch " +
                         std::to_string(req.micro_batch) + " does not fit in " +
                         format_bytes(usable) + "; set memory.strategy: auto");
@@ -294,9 +294,9 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
     auto consider = [&](const std::optional<Probe>& p, const std::string& why) {
       if (p) options.emplace_back(*p, why);
     };
-    if (req.strategy == "auto" || req.strategy == "accumulate")
+    if (may_accumulate(req.strategy))
       consider(fit_micro_batch(req, false, base, train_probe), "gradient accumulation");
-    if (req.can_checkpoint && (req.strategy == "auto" || req.strategy == "checkpoint")) {
+    if (req.can_checkpoint && may_checkpoint(req.strategy)) {
       Probe ckpt = train_probe(req.micro_batch, true);
       ckpt.micro_batch = req.micro_batch;
       ckpt.checkpointing = true;
@@ -307,7 +307,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
                  "activation checkpointing and gradient accumulation");
     }
     if (options.empty()) {
-      const bool checkpointing = req.can_checkpoint && req.strategy != "accumulate";
+      const bool checkpointing = req.can_checkpoint && req.strategy != MemoryStrategy::kAccumulate;
       Probe one = train_probe(1, checkpointing);
       one.micro_batch = 1;
       nothing_fits(
@@ -378,6 +378,20 @@ MemoryPlan halve_micro_batch(const MemoryPlan& plan) {
                     " with a capacity of " + std::to_string(plan.capacity_bytes) + " bytes (" +
                     format_bytes(plan.capacity_bytes) + "): there is no smaller micro-batch; " +
                     "run `gpurun plan` to see which card fits");
+}
+
+MemoryStrategy memory_strategy(const std::string& setting) {
+  if (setting == "auto") return MemoryStrategy::kAuto;
+  if (setting == "accumulate") return MemoryStrategy::kAccumulate;
+  if (setting == "checkpoint") return MemoryStrategy::kCheckpoint;
+  if (setting == "none") return MemoryStrategy::kNone;
+  throw ConfigError("memory.strategy must be auto, accumulate, checkpoint or none, got \"" +
+                    setting + "\"");
+}
+
+const char* strategy_name(MemoryStrategy strategy) {
+  static const char* const kNames[] = {"auto", "accumulate", "checkpoint", "none"};
+  return kNames[static_cast<int>(strategy)];
 }
 
 }  // namespace gpurun

@@ -100,6 +100,23 @@ struct MemoryPlan {
   static MemoryPlan from_json(const nlohmann::json& j);
 };
 
+/// memory.strategy resolved: the levers a plan may pull when the configured micro-batch does
+/// not fit (auto: all of them, sharding and offload included, memory/placement.h).
+enum class MemoryStrategy { kAuto, kAccumulate, kCheckpoint, kNone };
+
+/// memory.strategy's word as the enum: auto | accumulate | checkpoint | none. Throws ConfigError
+/// for another (the schema refuses it before).
+MemoryStrategy memory_strategy(const std::string& setting);
+/// "auto", "accumulate", "checkpoint", "none".
+const char* strategy_name(MemoryStrategy strategy);
+/// Whether the strategy may choose activation checkpointing, or gradient accumulation.
+inline bool may_checkpoint(MemoryStrategy s) {
+  return s == MemoryStrategy::kAuto || s == MemoryStrategy::kCheckpoint;
+}
+inline bool may_accumulate(MemoryStrategy s) {
+  return s == MemoryStrategy::kAuto || s == MemoryStrategy::kAccumulate;
+}
+
 /// What the planner is asked to fit.
 struct PlanRequest {
   int64_t global_batch = 0;
@@ -108,7 +125,7 @@ struct PlanRequest {
   int64_t eval_batch = 0;
   int64_t capacity_bytes = 0;
   double headroom = 0.1;          ///< fraction of capacity kept free
-  std::string strategy = "auto";  ///< auto | accumulate | checkpoint | none
+  MemoryStrategy strategy = MemoryStrategy::kAuto;  ///< memory.strategy
   bool can_checkpoint = true;     ///< the model has segments to checkpoint
   /// The smallest rental card that holds `need_bytes` with the headroom, for the messages of a
   /// run that does not fit (forecast/cards.h, smallest_card_for over the bundled table); ""

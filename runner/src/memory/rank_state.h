@@ -30,7 +30,7 @@
 #include "gpurun/config.h"
 #include "memory/peak_probe.h"
 #include "optim/step_optimizer.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace gpurun {
 

@@ -1,5 +1,5 @@
 // One RAII scope of LibTorch's thread-local autocast state, for the three places that set it:
-// the training step's forward pass (train/precision.h, AutocastGuard), activation
+// the training step's forward pass (model/precision.h, AutocastGuard), activation
 // checkpointing's recomputation under the forward's state, and LoRA's adapted weights, summed
 // in float32 with autocast off.
 #pragma once

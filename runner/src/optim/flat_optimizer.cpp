@@ -14,7 +14,8 @@
 
 #include "gpurun/errors.h"
 #include "optim/step_collectives.h"
-#include "train/precision.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace gpurun {
 namespace {

@@ -7,8 +7,10 @@
 #include "gpurun/errors.h"
 #include "optim/flat_optimizer.h"
 #include "optim/step_collectives.h"
-#include "train/optimizer.h"
-#include "train/precision.h"
+#include "optim/torch_optimizer.h"
+#include "optim/lr_schedule.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace gpurun {
 namespace {

@@ -16,7 +16,8 @@
 #include <ATen/core/Tensor.h>
 
 #include "gpurun/config.h"
-#include "train/precision.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -88,7 +89,7 @@ bool uses_master_weights(const RunConfig& config, Precision precision);
 std::optional<c10::ScalarType> held_dtype(const RunConfig& config, Precision precision);
 
 /// `params`: the model's trainable parameters by name, in trainable_parameters()' order.
-/// A replicated placement gives LibTorch's optimizer (train/optimizer.h) with `comm`'s
+/// A replicated placement gives LibTorch's optimizer (optim/torch_optimizer.h) with `comm`'s
 /// all-reduce; a flat one gives FlatOptimizer over `comm` (nullptr: one process), whose
 /// 16-bit dtype (master weights) is `half`. Throws ConfigError for parameters of mixed dtypes
 /// or devices under a flat placement.

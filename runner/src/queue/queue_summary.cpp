@@ -12,6 +12,7 @@
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -163,7 +164,7 @@ int queue_status(const std::string& dir, bool json, std::ostream& out) {
   const std::string live = queue_liveness(*state);
   // A running attempt's time counts from its start (queue.json adds it up at its end).
   for (SummaryRow& row : rows)
-    row.run.wall_seconds = run_wall_seconds(dir, row.run, live.rfind("live", 0) == 0);
+    row.run.wall_seconds = run_wall_seconds(dir, row.run, starts_with(live, "live"));
   // A running run's progress, from its own status.json (report/reporter.h).
   auto run_status = [&](const RunRecord& r) {
     try {
@@ -177,7 +178,7 @@ int queue_status(const std::string& dir, bool json, std::ostream& out) {
   if (json) {
     nlohmann::json j = to_json(*state);
     j["dir"] = dir;
-    j["live"] = live.rfind("live", 0) == 0;
+    j["live"] = starts_with(live, "live");
     const nlohmann::json summary = summary_json(rows);
     for (size_t i = 0; i < state->runs.size(); ++i) {
       j["runs"][i]["summary"] = summary["runs"][i];

@@ -11,6 +11,7 @@
 #include "queue/queue_state.h"
 #include "util/fs.h"
 #include "util/signals.h"
+#include "util/text.h"
 
 namespace gpurun {
 
@@ -26,7 +27,7 @@ unsigned usable_cpus() {
 
 bool has_set(const std::vector<std::string>& sets, const std::string& key) {
   for (const std::string& s : sets)
-    if (s.rfind(key + "=", 0) == 0) return true;
+    if (starts_with(s, key + "=")) return true;
   return false;
 }
 
@@ -109,7 +110,7 @@ std::vector<std::string> cuda_devices(const std::map<std::string, std::string>& 
   }
   std::vector<int> numbers;
   for (const std::string& name : fs::list_dir(dev_dir)) {
-    if (name.size() <= 6 || name.rfind("nvidia", 0) != 0) continue;
+    if (name.size() <= 6 || !starts_with(name, "nvidia")) continue;
     const std::string digits = name.substr(6);
     if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 4) continue;
     numbers.push_back(std::stoi(digits));

@@ -26,6 +26,7 @@
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace gpurun {
 
@@ -246,7 +247,7 @@ int64_t read_heartbeat_step(const std::string& path) {
   } catch (const std::exception&) {
     return -1;
   }
-  if (text.rfind("step ", 0) != 0) return -1;
+  if (!starts_with(text, "step ")) return -1;
   try {
     return std::stoll(text.substr(5));
   } catch (const std::exception&) {

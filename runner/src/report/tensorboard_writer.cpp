@@ -17,6 +17,7 @@
 #include "util/clock.h"
 #include "util/crc32c.h"
 #include "util/fs.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -49,7 +50,7 @@ int64_t newest_file_seconds(const std::string& dir) {
   if (!d) return 0;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
-    if (name.rfind(kFilePrefix, 0) != 0) continue;
+    if (!starts_with(name, kFilePrefix)) continue;
     newest =
         std::max<int64_t>(newest, std::strtoll(name.c_str() + strlen(kFilePrefix), nullptr, 10));
   }

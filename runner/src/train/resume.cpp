@@ -10,7 +10,8 @@
 #include "gpurun/errors.h"
 #include "model/plugin_loader.h"
 #include "train/init_weights.h"
-#include "train/optimizer.h"
+#include "optim/torch_optimizer.h"
+#include "optim/lr_schedule.h"
 
 namespace gpurun {
 

@@ -10,7 +10,7 @@
 #include "checkpoint/store.h"
 #include "data/data_fingerprint.h"
 #include "gpurun/config.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace torch::nn {
 class Module;

@@ -204,7 +204,7 @@ namespace {
 /// Whether the smallest step a plan can choose is checkpointed.
 bool smallest_checkpoints(const RunConfig& config, const ModelShape& shape) {
   return shape.has_segments &&
-         (config.memory.strategy == "auto" || config.memory.strategy == "checkpoint");
+         may_checkpoint(memory_strategy(config.memory.strategy));
 }
 }  // namespace
 
@@ -366,7 +366,7 @@ PlanRequest plan_request(const RunConfig& config, const Session& session, int64_
   r.eval_batch = config.train.eval_batch_size;
   r.capacity_bytes = session.meter->capacity_bytes();
   r.headroom = config.memory.headroom;
-  r.strategy = config.memory.strategy;
+  r.strategy = memory_strategy(config.memory.strategy);
   r.can_checkpoint = !session.model->segments().empty();
   r.card_for = [headroom = config.memory.headroom](int64_t need) {
     return smallest_card_for(bundled_cards(), need, headroom);
@@ -405,7 +405,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
   // the smallest step those leave.
   const StateShape shape = state_shape(*session.model);
   const bool can_checkpoint =
-      request.can_checkpoint && (request.strategy == "auto" || request.strategy == "checkpoint");
+      request.can_checkpoint && may_checkpoint(request.strategy);
   const PlacementChoice placement =
       place_optimizer(config, shape, one_sample[can_checkpoint ? 1 : 0], precision, world_size,
                       request.capacity_bytes);

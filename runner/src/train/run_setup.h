@@ -18,7 +18,7 @@
 #include "memory/peak_probe.h"
 #include "memory/placement.h"
 #include "memory/planner.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace gpurun {
 

@@ -14,8 +14,9 @@
 #include <spdlog/spdlog.h>
 
 #include "gpurun/model.h"
-#include "train/micro_batch_step.h"
-#include "train/optimizer.h"
+#include "model/micro_batch_step.h"
+#include "optim/torch_optimizer.h"
+#include "optim/lr_schedule.h"
 #include "train/trainer_loop.h"
 #include "util/faults.h"
 #include "util/units.h"

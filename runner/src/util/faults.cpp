@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "util/signals.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -56,7 +57,7 @@ void fault_point(const char* point, int64_t count) {
   for (const Fault& f : faults) {
     if (f.point != point || (f.count != count && f.count != -1)) continue;
     if (f.action == "hog") continue;  // the trainer's own (fault_fires)
-    if (f.action.rfind("sleep", 0) == 0) {
+    if (starts_with(f.action, "sleep")) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(f.action.c_str() + 5)));
       continue;
     }

@@ -1,11 +1,18 @@
-// Text read from disk (LATEST, folder and file names) made safe to print on a terminal.
+// Text read from disk (LATEST, folder and file names) made safe to print on a terminal, and
+// the small string tests C++17 lacks.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <spdlog/fmt/fmt.h>
 
 namespace gpurun {
+
+/// Whether `text` begins with `prefix` (C++20's std::string::starts_with).
+inline bool starts_with(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
 
 /// `text` in double quotes, with quotes, backslashes, control characters and invalid UTF-8
 /// escaped the way fmt's "{:?}" writes them ("ckpt\x00\xff\n"): none of its bytes can move the

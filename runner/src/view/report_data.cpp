@@ -21,6 +21,7 @@
 #include "util/signals.h"
 #include "util/units.h"
 #include "view/run_analysis.h"
+#include "util/text.h"
 
 namespace gpurun {
 
@@ -262,7 +263,7 @@ std::string checkpoint_cell(const std::string& run_dir) {
   try {
     const RunCheckpoints checked = check_run_checkpoints(run_dir, /*verify=*/false);
     const std::string& problem = checked.problem;
-    if (!problem.empty()) return problem.rfind("DAMAGED", 0) == 0 ? problem : "DAMAGED: " + problem;
+    if (!problem.empty()) return starts_with(problem, "DAMAGED") ? problem : "DAMAGED: " + problem;
     return checked.summary.newest_complete ? "ok" : "-";
   } catch (const Error& e) {
     return std::string("cannot be read: ") + e.what();

@@ -15,6 +15,7 @@
 #include "view/page_assets.h"
 #include "view/report_data.h"
 #include "view/run_history.h"
+#include "util/text.h"
 
 namespace gpurun {
 namespace {
@@ -112,7 +113,7 @@ void check_out_path(const std::string& path) {
                         "/report.html");
     // The first bytes decide: a page starts with its doctype. (The whole file was read, 20 s
     // and 3.5 GB for a 3 GB file.) A FIFO or a device is no page, and is not opened.
-    if (!S_ISREG(st.st_mode) || head_of(path, 64).rfind("<!DOCTYPE html>", 0) != 0)
+    if (!S_ISREG(st.st_mode) || !starts_with(head_of(path, 64), "<!DOCTYPE html>"))
       throw ConfigError("--out " + path +
                         " exists and is not an HTML page: gpurun report replaces only "
                         "pages; give a new file name");

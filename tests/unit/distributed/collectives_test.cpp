@@ -17,7 +17,7 @@
 #include "distributed/collectives.h"
 #include "gpurun/dataset.h"
 #include "gpurun/model.h"
-#include "train/micro_batch_step.h"
+#include "model/micro_batch_step.h"
 
 namespace gpurun {
 namespace {

@@ -51,7 +51,7 @@ PlanRequest request(int64_t capacity, const std::string& strategy = "auto") {
   r.eval_batch = 64;
   r.capacity_bytes = capacity;
   r.headroom = 0.0;
-  r.strategy = strategy;
+  r.strategy = memory_strategy(strategy);
   // The planner names a card through the caller's table (run_setup.h: the bundled cards).
   r.card_for = [](int64_t need) -> std::string {
     for (const int64_t gib : {24, 48, 80})

@@ -246,7 +246,7 @@ TEST(Placement, AutoIsReplicatedWhenItFitsElseOptimizerElseGradients) {
   EXPECT_NE(c.reason.find("nothing fits"), std::string::npos) << c.reason;
   // Another memory.strategy does not shard.
   PlacementRequest r = ranks(4, 50);
-  r.strategy = "accumulate";
+  r.strategy = MemoryStrategy::kAccumulate;
   EXPECT_EQ(choose(r).placement.shard, "none");
   // Master weights are kept as configured in every candidate.
   r = ranks(4, 80);

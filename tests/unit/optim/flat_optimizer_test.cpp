@@ -21,8 +21,9 @@
 #include "optim/flat_layout.h"
 #include "optim/flat_optimizer.h"
 #include "optim/step_optimizer.h"
-#include "train/micro_batch_step.h"
-#include "train/precision.h"
+#include "model/micro_batch_step.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace gpurun {
 namespace {

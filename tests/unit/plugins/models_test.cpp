@@ -19,7 +19,7 @@
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "model/activation_checkpointing.h"
-#include "train/precision.h"
+#include "model/precision.h"
 
 namespace gpurun {
 namespace {

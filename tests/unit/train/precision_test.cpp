@@ -1,4 +1,4 @@
-// Unit tests of train/precision.h: the autocast guard, and the GradScaler against PyTorch's
+// Unit tests of model/precision.h: the autocast guard, and optim/grad_scaler.h: the GradScaler against PyTorch's
 // torch.amp.GradScaler run in Python on the same inputs (issue 12).
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/full.h>
@@ -22,8 +22,9 @@
 #include "common/temp_dir.h"
 #include "gpurun/model.h"
 #include "model/activation_checkpointing.h"
-#include "train/optimizer.h"
-#include "train/precision.h"
+#include "optim/torch_optimizer.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace gpurun {
 namespace {

@@ -23,8 +23,9 @@
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
 #include "train/device.h"
-#include "train/micro_batch_step.h"
-#include "train/optimizer.h"
+#include "model/micro_batch_step.h"
+#include "optim/torch_optimizer.h"
+#include "optim/lr_schedule.h"
 #include "util/rng.h"
 
 namespace gpurun {

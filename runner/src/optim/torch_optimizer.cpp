@@ -1,4 +1,4 @@
-#include "train/optimizer.h"
+#include "optim/torch_optimizer.h"
 
 #include <ATen/ops/cat.h>
 #include <torch/optim/adam.h>
@@ -30,19 +30,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                              .eps(c.eps)
                                                              .weight_decay(c.weight_decay));
   throw ConfigError("optim.name: unknown optimizer \"" + c.name + "\"; use sgd, adam or adamw");
-}
-
-double learning_rate(const OptimConfig& optim, const ScheduleConfig& s, int64_t step,
-                     int64_t total_steps) {
-  const double lr = optim.lr;
-  if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / s.warmup_steps;
-  if (s.name == "step") return lr * std::pow(s.gamma, static_cast<double>(step / s.step_size));
-  if (s.name == "cosine") {
-    const int64_t span = std::max<int64_t>(1, total_steps - s.warmup_steps - 1);
-    const double t = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
-    return s.min_lr + (lr - s.min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
-  }
-  return lr;
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

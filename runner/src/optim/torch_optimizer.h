@@ -1,4 +1,5 @@
-// Optimizers and learning-rate schedules from the config.
+// LibTorch's optimizers from the config (the replicated placement, optim/step_optimizer.h),
+// their learning rate and gradient clipping.
 #pragma once
 
 #include <cstdint>
@@ -16,18 +17,6 @@ namespace gpurun {
 /// SGD and Adam, decoupled for AdamW (Loshchilov & Hutter 2019).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& config,
                                                         std::vector<torch::Tensor> params);
-
-/// The learning rate for optimizer step `step` (0-based) of `total_steps`. A pure function of
-/// the step, so a resumed run needs no scheduler state beyond global_step, and the schedule
-/// advances once per optimizer step, never per micro-batch.
-///   warm-up (step < warmup_steps): lr * (step + 1) / warmup_steps
-///   constant: lr
-///   step:     lr * gamma^floor(step / step_size)
-///   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2, t = (step - warmup) / (total -
-///   warmup)
-///             (SGDR, Loshchilov & Hutter 2017, without restarts)
-double learning_rate(const OptimConfig& optim, const ScheduleConfig& schedule, int64_t step,
-                     int64_t total_steps);
 
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);

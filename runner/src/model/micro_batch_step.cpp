@@ -1,4 +1,4 @@
-#include "train/micro_batch_step.h"
+#include "model/micro_batch_step.h"
 
 #include <algorithm>
 #include <string>

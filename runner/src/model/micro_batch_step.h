@@ -12,7 +12,8 @@
 #include "gpurun/dataset.h"
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"
-#include "train/precision.h"
+#include "model/precision.h"
+#include "optim/grad_scaler.h"
 
 namespace gpurun {
 
