@@ -26,9 +26,9 @@
 #include "launch/launcher.h"
 #include "model/plugin_loader.h"
 #include "util/signals.h"
+#include "util/text.h"
 #include "util/units.h"
 #include "util/version.h"
-#include "util/text.h"
 
 namespace gpurun {
 namespace {

@@ -121,8 +121,8 @@ std::pair<Estimate, std::optional<Estimate>> per_sample(const RunConfig& c, cons
     e.activations /= std::max<int64_t>(1, micro);
     return e;
   };
-  const bool checkpointing = !session.model->segments().empty() &&
-                             may_checkpoint(memory_strategy(c.memory.strategy));
+  const bool checkpointing =
+      !session.model->segments().empty() && may_checkpoint(memory_strategy(c.memory.strategy));
   return {one(plain), checkpointing ? std::optional<Estimate>(one(ck)) : std::nullopt};
 }
 

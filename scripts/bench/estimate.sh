@@ -52,11 +52,11 @@ cat >"$work/gpt7b.yaml" <<YAML
 model: {name: gpt, layers: 32, heads: 32, width: 4096, dropout: 0}
 data: {name: text, path: $kjv, context: 2048, train_samples: 1000, eval_samples: 100}
 optim: {name: adamw, lr: 0.0003, grad_clip: 1.0}
-train: {epochs: 1, batch_size: 1, precision: bf16}
+train: {epochs: 1, batch_size: 8, precision: bf16}
 YAML
 echo
 echo "gpt 32 x 4096, context 2048, bf16, AdamW, micro-batch 1, from the estimate alone:"
-"$gpurun" plan "$work/gpt7b.yaml" --estimate-only --json 2>/dev/null | python3 -c "
+"$gpurun" plan "$work/gpt7b.yaml" --estimate-only --set train.batch_size=1 --json 2>/dev/null | python3 -c "
 import json, sys
 j = json.load(sys.stdin); G = 1e9
 print('  parameters %.2f B; planned in %.1f s, %.0f MB resident' % (

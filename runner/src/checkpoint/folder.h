@@ -24,9 +24,6 @@ std::string join(const std::string& dir, const std::string& name);
 /// "runs/x/ckpt-e0002-s0000128/" -> "ckpt-e0002-s0000128".
 std::string name_of(const std::string& path);
 
-/// Whether `s` begins with `prefix`.
-bool starts_with(const std::string& s, const char* prefix);
-
 /// A file name inside a checkpoint folder: one plain path component.
 bool is_plain_name(const std::string& name);
 

@@ -77,7 +77,6 @@ std::string name_of(const std::string& path) {
   return stdfs::path(path).lexically_normal().filename().string();
 }
 
-
 bool is_plain_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;

@@ -29,8 +29,8 @@
 #include "config/value.h"
 #include "gpurun/errors.h"
 #include "util/hash.h"
-#include "util/units.h"
 #include "util/text.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {

@@ -23,8 +23,8 @@
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/error_report.h"
-#include "util/units.h"
 #include "util/text.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {

@@ -21,8 +21,8 @@
 #include "gpurun/dataset.h"
 #include "gpurun/loss.h"
 #include "memory/planner.h"
-#include "optim/step_optimizer.h"
 #include "model/precision.h"
+#include "optim/step_optimizer.h"
 
 namespace gpurun {
 

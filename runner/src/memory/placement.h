@@ -11,17 +11,17 @@
 #include "gpurun/config.h"
 #include "memory/peak_probe.h"
 #include "memory/rank_state.h"
-#include "optim/step_optimizer.h"
 #include "model/precision.h"
+#include "optim/step_optimizer.h"
 
 namespace gpurun {
 
 /// What the choice is asked to fit.
 struct PlacementRequest {
-  std::string shard = "auto";     ///< distributed.shard: none | optimizer | gradients | auto
-  std::string offload = "none";   ///< optim.offload: none | host | auto
-  bool master_weights = false;    ///< optim.master_weights, under bf16 or fp16
-  bool sixteen_bits = false;      ///< bf16 or fp16: master weights would apply
+  std::string shard = "auto";    ///< distributed.shard: none | optimizer | gradients | auto
+  std::string offload = "none";  ///< optim.offload: none | host | auto
+  bool master_weights = false;   ///< optim.master_weights, under bf16 or fp16
+  bool sixteen_bits = false;     ///< bf16 or fp16: master weights would apply
   MemoryStrategy strategy = MemoryStrategy::kAuto;  ///< only auto adds sharding and offload
   int64_t world_size = 1;
   int64_t usable_bytes = 0;  ///< the card's capacity less memory.headroom

@@ -124,9 +124,9 @@ struct PlanRequest {
   int64_t micro_batch = 0;  ///< the configured micro-batch (global / accumulation / world)
   int64_t eval_batch = 0;
   int64_t capacity_bytes = 0;
-  double headroom = 0.1;          ///< fraction of capacity kept free
+  double headroom = 0.1;                            ///< fraction of capacity kept free
   MemoryStrategy strategy = MemoryStrategy::kAuto;  ///< memory.strategy
-  bool can_checkpoint = true;     ///< the model has segments to checkpoint
+  bool can_checkpoint = true;                       ///< the model has segments to checkpoint
   /// The smallest rental card that holds `need_bytes` with the headroom, for the messages of a
   /// run that does not fit (forecast/cards.h, smallest_card_for over the bundled table); ""
   /// or unset: none is named.

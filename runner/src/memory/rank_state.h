@@ -29,8 +29,8 @@
 
 #include "gpurun/config.h"
 #include "memory/peak_probe.h"
-#include "optim/step_optimizer.h"
 #include "model/precision.h"
+#include "optim/step_optimizer.h"
 
 namespace gpurun {
 

@@ -13,7 +13,6 @@
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"
 #include "model/precision.h"
-#include "optim/grad_scaler.h"
 
 namespace gpurun {
 

@@ -4,7 +4,6 @@
 
 #include <stdexcept>
 
-
 #ifdef GPURUN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif

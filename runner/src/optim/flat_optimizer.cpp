@@ -13,9 +13,9 @@
 #include <cmath>
 
 #include "gpurun/errors.h"
-#include "optim/step_collectives.h"
 #include "model/precision.h"
 #include "optim/grad_scaler.h"
+#include "optim/step_collectives.h"
 
 namespace gpurun {
 namespace {

@@ -5,12 +5,12 @@
 #include <spdlog/spdlog.h>
 
 #include "gpurun/errors.h"
+#include "model/precision.h"
 #include "optim/flat_optimizer.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_schedule.h"
 #include "optim/step_collectives.h"
 #include "optim/torch_optimizer.h"
-#include "optim/lr_schedule.h"
-#include "model/precision.h"
-#include "optim/grad_scaler.h"
 
 namespace gpurun {
 namespace {

@@ -9,9 +9,9 @@
 #include "checkpoint/train_state.h"
 #include "gpurun/errors.h"
 #include "model/plugin_loader.h"
-#include "train/init_weights.h"
-#include "optim/torch_optimizer.h"
 #include "optim/lr_schedule.h"
+#include "optim/torch_optimizer.h"
+#include "train/init_weights.h"
 
 namespace gpurun {
 

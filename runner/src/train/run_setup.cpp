@@ -203,8 +203,7 @@ ModelShape probe_model_shape(const RunConfig& config, const Registry& registry,
 namespace {
 /// Whether the smallest step a plan can choose is checkpointed.
 bool smallest_checkpoints(const RunConfig& config, const ModelShape& shape) {
-  return shape.has_segments &&
-         may_checkpoint(memory_strategy(config.memory.strategy));
+  return shape.has_segments && may_checkpoint(memory_strategy(config.memory.strategy));
 }
 }  // namespace
 
@@ -404,8 +403,7 @@ MemoryPlan make_plan(const RunConfig& config, Session& session, int64_t world_si
   // sharding is the lever after accumulation and checkpointing, so each placement is judged by
   // the smallest step those leave.
   const StateShape shape = state_shape(*session.model);
-  const bool can_checkpoint =
-      request.can_checkpoint && may_checkpoint(request.strategy);
+  const bool can_checkpoint = request.can_checkpoint && may_checkpoint(request.strategy);
   const PlacementChoice placement =
       place_optimizer(config, shape, one_sample[can_checkpoint ? 1 : 0], precision, world_size,
                       request.capacity_bytes);

@@ -15,8 +15,8 @@
 
 #include "gpurun/model.h"
 #include "model/micro_batch_step.h"
-#include "optim/torch_optimizer.h"
 #include "optim/lr_schedule.h"
+#include "optim/torch_optimizer.h"
 #include "train/trainer_loop.h"
 #include "util/faults.h"
 #include "util/units.h"

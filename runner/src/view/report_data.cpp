@@ -19,9 +19,9 @@
 #include "queue/queue_state.h"
 #include "util/clock.h"
 #include "util/signals.h"
+#include "util/text.h"
 #include "util/units.h"
 #include "view/run_analysis.h"
-#include "util/text.h"
 
 namespace gpurun {
 

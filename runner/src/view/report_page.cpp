@@ -12,10 +12,10 @@
 #include "gpurun/errors.h"
 
 #include "util/fs.h"
+#include "util/text.h"
 #include "view/page_assets.h"
 #include "view/report_data.h"
 #include "view/run_history.h"
-#include "util/text.h"
 
 namespace gpurun {
 namespace {

@@ -18,12 +18,12 @@
 #include "gpurun/dataset.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
-#include "optim/flat_layout.h"
-#include "optim/flat_optimizer.h"
-#include "optim/step_optimizer.h"
 #include "model/micro_batch_step.h"
 #include "model/precision.h"
+#include "optim/flat_layout.h"
+#include "optim/flat_optimizer.h"
 #include "optim/grad_scaler.h"
+#include "optim/step_optimizer.h"
 
 namespace gpurun {
 namespace {

@@ -1,5 +1,5 @@
-// Unit tests of model/precision.h: the autocast guard, and optim/grad_scaler.h: the GradScaler against PyTorch's
-// torch.amp.GradScaler run in Python on the same inputs (issue 12).
+// Unit tests of model/precision.h: the autocast guard, and optim/grad_scaler.h: the GradScaler
+// against PyTorch's torch.amp.GradScaler run in Python on the same inputs (issue 12).
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/linear.h>
@@ -22,9 +22,9 @@
 #include "common/temp_dir.h"
 #include "gpurun/model.h"
 #include "model/activation_checkpointing.h"
-#include "optim/torch_optimizer.h"
 #include "model/precision.h"
 #include "optim/grad_scaler.h"
+#include "optim/torch_optimizer.h"
 
 namespace gpurun {
 namespace {

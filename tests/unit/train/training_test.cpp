@@ -22,10 +22,10 @@
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
-#include "train/device.h"
 #include "model/micro_batch_step.h"
-#include "optim/torch_optimizer.h"
 #include "optim/lr_schedule.h"
+#include "optim/torch_optimizer.h"
+#include "train/device.h"
 #include "util/rng.h"
 
 namespace gpurun {
