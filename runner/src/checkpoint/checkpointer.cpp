@@ -229,6 +229,7 @@ void Checkpointer::save(CheckpointMeta meta, const torch::nn::Module& model,
     if (local_) snapshot.meta.extra["local_tier"] = local_->dir();
     writer_.submit(std::move(snapshot),
                    [copy = copy_.get()](CheckpointSnapshot& s) { copy->build(s); });
+    if (write_before_training_) writer_.wait();
     stalls_[step] = seconds_since(stall_start);
   }
   last_saved_step_ = step;

@@ -128,6 +128,12 @@ class Checkpointer {
   /// MeasuredPeaks::checkpoint_buffers); waits for the write in flight, which reads it.
   void keep_host_buffers(bool keep);
 
+  /// Whether a save waits for its background write before training goes on: a CPU run whose
+  /// copy of the state does not fit in memory beside a training step (the memory plan's
+  /// MeasuredPeaks::checkpoint_copy without checkpoint_buffers) must not train while the write
+  /// still holds the copy. The stall then includes the write.
+  void write_before_training(bool wait) { write_before_training_ = wait; }
+
   /// Reports the background writes that finished: a `checkpoint` event for each success; for
   /// a failure an error that keeps training going (the last complete checkpoint is untouched)
   /// until checkpoint.max_failures saves in a row have failed, then throws Error. Then, on
@@ -201,6 +207,7 @@ class Checkpointer {
 
   int64_t failed_saves_ = 0;
   bool warned_grace_ = false;
+  bool write_before_training_ = false;
   int64_t last_saved_step_ = 0;          // step 0 needs no checkpoint: resuming from none is fresh
   int64_t last_complete_step_ = 0;       ///< global step of last_checkpoint_ (0: none needed yet)
   std::string last_error_;               ///< of the last failed write

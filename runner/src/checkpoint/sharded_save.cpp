@@ -115,6 +115,7 @@ void Checkpointer::save_sharded(CheckpointMeta meta, const torch::nn::Module& mo
       }
       writer_.submit(std::move(snapshot), [error](CheckpointSnapshot&) { throw Error(error); });
     }
+    if (write_before_training_) writer_.wait();
     stalls_[step] = seconds_since(stall_start);
   }
   last_saved_step_ = step;

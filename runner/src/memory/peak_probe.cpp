@@ -27,6 +27,7 @@
 #include "optim/torch_optimizer.h"
 #include "util/clock.h"
 #include "util/rng.h"
+#include "util/units.h"
 
 namespace gpurun {
 namespace {
@@ -364,6 +365,32 @@ Probe Prober::train(int64_t micro_batch, bool checkpointing) {
 }
 
 Probe Prober::eval(int64_t eval_batch, const MemoryPlan& train_plan) {
+  const int64_t small = std::max<int64_t>(1, train_plan.micro_batch);
+  if (eval_batch <= 4 * small) return eval_once(eval_batch, train_plan);
+  const Probe one = eval_once(small, train_plan);
+  if (!one.measured()) return one;  // a larger batch runs out of memory too
+  const Probe two = eval_once(2 * small, train_plan);
+  if (!two.measured()) return two;
+  const double seconds = two.step_seconds * static_cast<double>(eval_batch) / (2.0 * small);
+  if (seconds <= kEvalProbeSeconds) return eval_once(eval_batch, train_plan);
+  const double per_sample =
+      1.1 * static_cast<double>(std::max<int64_t>(0, two.peak_bytes - one.peak_bytes)) /
+      static_cast<double>(small);
+  Probe line = two;
+  line.micro_batch = eval_batch;
+  line.peak_bytes = two.peak_bytes +
+                    static_cast<int64_t>(per_sample * static_cast<double>(eval_batch - 2 * small));
+  line.step_seconds = seconds;
+  line.predicted = true;
+  spdlog::info(
+      "eval batch {}: peak {} predicted from eval batches {} ({}) and {} ({}), +10% a sample; "
+      "probing it would take about {:.0f} s",
+      eval_batch, format_bytes(line.peak_bytes), small, format_bytes(one.peak_bytes), 2 * small,
+      format_bytes(two.peak_bytes), seconds);
+  return line;
+}
+
+Probe Prober::eval_once(int64_t eval_batch, const MemoryPlan& train_plan) {
   Probe probe;
   probe.micro_batch = eval_batch;
   Restorer restore(model_);

@@ -182,6 +182,7 @@ nlohmann::json MeasuredPeaks::to_json() const {
   for (const Part& p : parts(*this))
     if (p.bytes > 0) j[p.key] = p.bytes;
   if (checkpoint_buffers > 0) j["checkpoint_buffers"] = checkpoint_buffers;
+  if (checkpoint_copy > 0) j["checkpoint_copy"] = checkpoint_copy;
   return j;
 }
 
@@ -193,6 +194,7 @@ MeasuredPeaks MeasuredPeaks::from_json(const nlohmann::json& j) {
   m.checkpoint_capture = j.value("checkpoint_capture", int64_t{0});
   m.resume_loading = j.value("resume_loading", int64_t{0});
   m.checkpoint_buffers = j.value("checkpoint_buffers", int64_t{0});
+  m.checkpoint_copy = j.value("checkpoint_copy", int64_t{0});
   return m;
 }
 
@@ -343,6 +345,7 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
                "and optimizer");
   plan.measured.checkpoint_capture = c.capture.peak_bytes;
   plan.measured.resume_loading = c.resume.peak_bytes;
+  plan.measured.checkpoint_copy = c.copy_bytes;
   if (c.copy_bytes > 0) {
     const int64_t between_saves =
         std::max(plan.measured.training, plan.measured.evaluation) + c.copy_bytes;
@@ -352,12 +355,16 @@ MemoryPlan choose_plan(const PlanRequest& req, const TrainProbeFn& train_probe,
       spdlog::info(
           "the checkpoint's copy of the state ({}) is released after every save: kept between "
           "saves it would not fit next to training and evaluation ({} of {} usable), so every "
-          "save allocates it again (a longer stall)",
+          "save allocates it again and is written before training goes on (a longer stall)",
           format_bytes(c.copy_bytes), format_bytes(between_saves), format_bytes(usable_bytes(req)));
   }
   plan.measured_peak_bytes = plan.measured.largest();
   plan.validate();
   return plan;
+}
+
+bool write_before_training(const MemoryPlan& plan) {
+  return plan.measured.checkpoint_copy > 0 && plan.measured.checkpoint_buffers == 0;
 }
 
 MemoryPlan halve_micro_batch(const MemoryPlan& plan) {

@@ -31,6 +31,9 @@ struct Probe {
   /// no point to the line through measured probes.
   bool estimated = false;
   int64_t estimated_bytes = 0;  ///< the estimate of a probe that ran; 0: not estimated
+  /// Evaluation: peak_bytes and step_seconds are the line through two smaller measured batches
+  /// (Prober::eval), not run at this batch.
+  bool predicted = false;
   bool measured() const { return !out_of_memory && !estimated; }
   double seconds_per_sample() const { return micro_batch ? step_seconds / micro_batch : 0; }
 };
@@ -47,6 +50,11 @@ struct MeasuredPeaks {
   /// save (it did not fit next to them) or lives outside the device (a GPU run's pinned host
   /// buffers).
   int64_t checkpoint_buffers = 0;
+  /// A CPU run's copy of the state a save takes (bytes, in the device's memory), kept between
+  /// saves or not; 0 on a GPU or when not measured. Not kept (no checkpoint_buffers), it is
+  /// alive while its write runs: the run writes it before training goes on
+  /// (write_before_training()).
+  int64_t checkpoint_copy = 0;
 
   /// The largest part (training and evaluation with checkpoint_buffers added): the peak of the
   /// run as a whole.
@@ -181,5 +189,10 @@ MemoryPlan choose_plan(const PlanRequest& request, const TrainProbeFn& train_pro
 /// no longer kept between saves (measured.checkpoint_buffers 0: they may be what ran out). Throws
 /// the ConfigError of choose_plan when micro is already 1.
 MemoryPlan halve_micro_batch(const MemoryPlan& plan);
+
+/// Whether the run's saves must be written before training goes on: a CPU run whose copy of
+/// the state is not kept between saves, because it did not fit beside training and evaluation
+/// (or ran out of memory with them); training beside its background write would hold both.
+bool write_before_training(const MemoryPlan& plan);
 
 }  // namespace gpurun

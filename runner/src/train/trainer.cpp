@@ -87,6 +87,7 @@ void Trainer::run() {
       saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
     plan_ = make_plan(config_, session_, world_, saved, plan_agreement(comm_.get()));
     checkpointer_.keep_host_buffers(plan_.measured.checkpoint_buffers > 0);
+    checkpointer_.write_before_training(write_before_training(plan_));
     log_plan(config_, session_, plan_);
     workers_ =
         resolve_workers(config_.data.workers, device_.is_cuda(),

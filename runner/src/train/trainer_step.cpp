@@ -104,6 +104,7 @@ void Trainer::shrink_after_oom() {
   optimizer_->release_gradients();
   MemoryPlan smaller = halve_micro_batch(plan_);
   checkpointer_.keep_host_buffers(smaller.measured.checkpoint_buffers > 0);
+  checkpointer_.write_before_training(write_before_training(smaller));
   // What the failed attempt cached goes back to the device before the smaller one runs.
   session_.meter->release_cached();
   reporter_.end_progress();

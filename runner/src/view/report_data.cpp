@@ -155,7 +155,8 @@ json plan_tables(const json& plan) {
       {"evaluation", "evaluation"},
       {"checkpoint_capture", "checkpoint capture"},
       {"resume_loading", "resume loading"},
-      {"checkpoint_buffers", "checkpoint buffers kept between saves"}};
+      {"checkpoint_buffers", "checkpoint buffers kept between saves"},
+      {"checkpoint_copy", "the copy of the state a save takes"}};
   for (const auto& [key, label] : names) {
     const auto v = number(parts, key);
     if (!v) continue;
