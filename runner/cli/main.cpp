@@ -13,8 +13,19 @@
 #include "util/error_report.h"
 #include "util/signals.h"
 
+namespace {
+void block_stop_signals_at_load(int, char**, char**) { gpurun::block_stop_signals(); }
+}  // namespace
+
+// Run by the dynamic loader once every library is loaded and relocated, before any of their
+// initializers (util/signals.h): from here on a stop signal waits for main() instead of
+// killing the process. Only an executable has a .preinit_array.
+__attribute__((section(".preinit_array"),
+               used)) static void (*const kBlockStopSignals)(int, char**,
+                                                             char**) = block_stop_signals_at_load;
+
 int main(int argc, char** argv) {
-  // First, so that a signal at any moment ends in exit 75, never 143.
+  // First, so that a signal at any moment of the run ends in exit 75, never 143.
   gpurun::install_signal_handlers();
   gpurun::setup_logging();
   try {

@@ -18,6 +18,7 @@
 #include "util/clock.h"
 #include "util/detached_call.h"
 #include "util/fs.h"
+#include "util/signals.h"
 
 namespace gpurun {
 namespace {
@@ -180,6 +181,8 @@ std::unique_ptr<Lease> Lease::acquire(const std::string& dir, double lease_timeo
                    describe_lease_holder(*cur, now), Seconds(deadline - steady_now).count());
       last_progress = steady_now;
     }
+    // A stop signal ends the wait: nothing of this run is there to save (exit 75).
+    if (const int sig = stop_signal()) throw Stopped(sig);
     if (steady_now >= deadline) {
       throw ConfigError(fmt::format(
           "checkpoint directory {} is in use by another run ({}), still alive after waiting "

@@ -83,15 +83,31 @@ void start_immediate_stop_thread() {
 }
 }  // namespace
 
+namespace {
+sigset_t stop_set() noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  return set;
+}
+}  // namespace
+
+void block_stop_signals() noexcept {
+  const sigset_t set = stop_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
 void install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a signal must not make a checkpoint write fail with EINTR
   // SIGHUP: a closed terminal or ssh session is the most common accidental stop.
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
   // A closed pipe on stdout/stderr (`gpurun ... | head`) must not kill a run mid-save.
   signal(SIGPIPE, SIG_IGN);
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 void exit_at_first_signal(const char* command) {

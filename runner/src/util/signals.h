@@ -9,12 +9,26 @@
 // record the stop, then the process exits 75. A third SIGINT exits 75 without waiting for it.
 #pragma once
 
+#include <csignal>
 #include <functional>
 #include <string>
 
 namespace gpurun {
 
-/// Installs the handlers; call first thing in main(), before anything can take time.
+/// The signals that ask a run to stop.
+inline constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP};
+
+/// Blocks kStopSignals in the calling thread (sigprocmask only: safe before any initializer
+/// has run). The gpurun binary calls it from its .preinit_array, before LibTorch's libraries
+/// run their initializers (most of a second on a loaded machine), so that a signal in that
+/// time waits, pending, for install_signal_handlers() instead of killing the process with
+/// 128 + its number. Threads started by those initializers inherit the mask and never take
+/// a stop signal.
+void block_stop_signals() noexcept;
+
+/// Installs the handlers, then unblocks kStopSignals (a signal that arrived while they were
+/// blocked is delivered then, and recorded); call first thing in main(), before anything can
+/// take time.
 void install_signal_handlers();
 
 /// The first stop signal received since start (or the last clear), 0 when none.
