@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -111,10 +112,21 @@ TEST_F(FsFiles, ReplaceFileReadersSeeOldOrNewContentNeverAMix) {
       ++reads;
     }
   });
-  for (int i = 0; i < 100; ++i) gpurun::fs::replace_file(path("status.json"), i % 2 ? a : b);
+  // The reader must be reading while the files are replaced, however late a loaded machine
+  // schedules it: the writer starts after its first read, and goes on past its 100 replaces
+  // until the reader has read 20 more times.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (reads.load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int before = reads.load();
+  for (int i = 0;
+       i < 100 || (reads.load() < before + 20 && std::chrono::steady_clock::now() < deadline); ++i)
+    gpurun::fs::replace_file(path("status.json"), i % 2 ? a : b);
   done = true;
   reader.join();
-  EXPECT_GT(reads.load(), 0);
+  ASSERT_GT(before, 0) << "the reader thread was not scheduled in 120 s: nothing was checked";
+  ASSERT_GE(reads.load(), before + 20)
+      << "the reader read " << reads.load() - before << " times in 120 s of replaces";
   EXPECT_EQ(torn.load(), 0);
   EXPECT_EQ(entries(), std::vector<std::string>{"status.json"});
 }
