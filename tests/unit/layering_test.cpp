@@ -56,8 +56,8 @@ TEST(Layering, EveryFileOfRunnerSrcIsInTheRoomsTableAndIncludesNoRowBelowIts) {
   ASSERT_GT(rooms.size(), 10u) << "no rooms table in docs/architecture.md";
   const auto row = [&](const std::string& room, const std::string& name) {
     if (const auto it = row_of.find(room + "/" + name); it != row_of.end()) return it->second;
-    if (const auto it = row_of.find(room + "/*_command"); it != row_of.end() &&
-        name.size() > 8 && name.compare(name.size() - 8, 8, "_command") == 0)
+    if (const auto it = row_of.find(room + "/*_command");
+        it != row_of.end() && name.size() > 8 && name.compare(name.size() - 8, 8, "_command") == 0)
       return it->second;
     return -1;
   };
