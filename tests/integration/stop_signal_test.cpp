@@ -56,7 +56,7 @@ class BusyMachine {
 }  // namespace
 
 // SIGTERM at moments spread over the first 2 s after gpurun's own code starts (the dynamic
-// loader's relocation before it, ~10 ms, is the one window a signal still kills: the examples
+// loader's relocation before it, 10-40 ms, is the one window a signal still kills: the examples
 // requeue on 143 too): start-up, the memory probe, the first steps. Every run exits 75 saying
 // so, and a stopped run resumes to the end.
 TEST(StopSignal, ASigtermAtAnyMomentOfStartUpExits75) {

@@ -5,6 +5,7 @@ namespace {
 
 Limit any() { return {}; }
 Limit at_least(double lo) { return {lo, kInf, false, false, false, false, {}}; }
+Limit between(double lo, double hi) { return {lo, hi, false, false, false, false, {}}; }
 Limit above(double lo) { return {lo, kInf, true, false, false, false, {}}; }
 Limit fraction() { return {0, 1, false, true, false, false, {}}; }      // [0, 1)
 Limit open_fraction() { return {0, 1, true, true, false, false, {}}; }  // (0, 1)
@@ -111,7 +112,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(schedule, step_size), at_least(1), "step: optimizer steps per decay", kHashed},
     {GPURUN_KEY(schedule, gamma), above(0), "step: lr factor per decay", kHashed},
     {GPURUN_KEY(schedule, min_lr), at_least(0), "cosine: lr at the last step", kHashed},
-    {GPURUN_KEY(train, epochs), at_least(1), "passes over the training set", kNotHashed},
+    // At most 1e9: the run's optimizer steps (epochs x steps an epoch) must fit in 64 bits.
+    {GPURUN_KEY(train, epochs), between(1, 1e9), "passes over the training set", kNotHashed},
     {GPURUN_KEY(train, batch_size), at_least(1), "samples per optimizer step, all ranks", kHashed},
     {GPURUN_KEY(train, accumulation_steps), at_least(1), "micro-batches per step", kHashed},
     {GPURUN_KEY(train, eval_batch_size), at_least(1), "samples per evaluation batch", kHashed},

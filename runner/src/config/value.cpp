@@ -183,7 +183,11 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       return range_error(show(n)) + (guess.empty() ? "" : "; did you mean " + guess + "?");
     }
     if (!v) return type_error("an integer");
-    if (!limit.admits(static_cast<double>(*v))) return range_error(std::to_string(*v));
+    if (!limit.admits(static_cast<double>(*v))) {
+      if (std::isfinite(limit.lo) && std::isfinite(limit.hi))
+        return name + " must be an integer " + integer_range(limit) + ", got " + std::to_string(*v);
+      return range_error(std::to_string(*v));
+    }
     **i = *v;
   } else if (auto* d = std::get_if<double*>(&f)) {
     if (limit.word && n.IsScalar() && n.Scalar() == limit.word) {

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config/suggest.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "util/rng.h"
@@ -31,9 +32,13 @@ template <typename Map>
 const typename Map::mapped_type& find_or_throw(const Map& map, const std::string& name,
                                                const char* key) {
   auto it = map.find(name);
-  if (it == map.end())
-    throw ConfigError(std::string(key) + ": unknown name \"" + name +
-                      "\"; registered: " + joined(keys_of(map)));
+  if (it == map.end()) {
+    const std::vector<std::string> names = keys_of(map);
+    const std::string nearest = detail::nearest_of(name, names);
+    throw ConfigError(std::string(key) + ": unknown name \"" + name + "\"" +
+                      (nearest.empty() ? "" : "; did you mean " + nearest + "?") +
+                      "; registered: " + joined(names));
+  }
   return it->second;
 }
 

@@ -457,13 +457,19 @@ void Trainer::stop_if_signalled(std::optional<bool> agreed) {
   if (!sig) return;
   reporter_.end_progress();
   const auto signalled = Clock::now();
-  spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
+  const bool saved = checkpointer_.saved(global_step_);
+  if (saved)
+    spdlog::warn("received signal {} at global step {}, which needs no new checkpoint; stopping",
+                 sig, global_step_);
+  else
+    spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
   reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
-  if (!checkpointer_.saved(global_step_)) save("signal", epoch_, position_);
+  if (!saved) save("signal", epoch_, position_);
   checkpointer_.drain();
   // What the grace time leaves after the local save goes to the network copy.
   checkpointer_.settle_tiers(config_.checkpoint.grace_seconds - seconds_since(signalled));
-  if (rank_ == 0) spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
+  if (rank_ == 0 && global_step_ > 0)
+    spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
   if (comm_) comm_->barrier();
   throw Stopped(sig);
 }

@@ -218,7 +218,15 @@ TEST(Config, OutOfRangeNamesKeyValueAndLine) {
             "run.yaml:7: optim.lr must be > 0, got -0.1");
   EXPECT_EQ(error_of("optim:\n  momentum: 1\n"),
             "run.yaml:2: optim.momentum must be in [0, 1), got 1.0");
-  EXPECT_EQ(error_of("train:\n  epochs: 0\n"), "run.yaml:2: train.epochs must be >= 1, got 0");
+  EXPECT_EQ(error_of("train:\n  batch_size: 0\n"),
+            "run.yaml:2: train.batch_size must be >= 1, got 0");
+  // At most 1e9 epochs, so that the run's optimizer steps fit in 64 bits (9223372036854775807
+  // epochs wrapped the step count around and trained for ever).
+  EXPECT_EQ(error_of("train:\n  epochs: 0\n"),
+            "run.yaml:2: train.epochs must be an integer from 1 to 1000000000, got 0");
+  EXPECT_EQ(error_of("", {"train.epochs=9223372036854775807"}),
+            "--set train.epochs=9223372036854775807: train.epochs must be an integer from 1 to "
+            "1000000000, got 9223372036854775807");
   EXPECT_TRUE(contains(error_of("optim:\n  name: adamx\n"),
                        "optim.name must be one of sgd, adam, adamw, got \"adamx\"; did you mean"));
   EXPECT_TRUE(contains(error_of("model:\n  channels: [32, 0]\n"),
@@ -226,9 +234,9 @@ TEST(Config, OutOfRangeNamesKeyValueAndLine) {
 }
 
 TEST(Config, NumberTooLargeForItsTypeIsOutOfRangeWithTheRange) {
-  EXPECT_EQ(error_of("", {"train.epochs=99999999999999999999"}),
-            "--set train.epochs=99999999999999999999: train.epochs is out of range: must be an "
-            "integer from 1 to 9223372036854775807, got 99999999999999999999");
+  EXPECT_EQ(error_of("", {"train.batch_size=99999999999999999999"}),
+            "--set train.batch_size=99999999999999999999: train.batch_size is out of range: must "
+            "be an integer from 1 to 9223372036854775807, got 99999999999999999999");
   EXPECT_EQ(error_of("train:\n  seed: -99999999999999999999\n"),
             "run.yaml:2: train.seed is out of range: must be an integer from "
             "-9223372036854775808 to 9223372036854775807, got -99999999999999999999");
