@@ -89,6 +89,7 @@ void register_builtin_models(Registry& registry) {
   registry.add_model("cnn", make_cnn);
   register_resnet_model(registry);
   register_gpt_model(registry);
+  register_hf_model(registry);
 }
 
 }  // namespace gpurun

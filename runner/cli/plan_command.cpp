@@ -23,6 +23,7 @@
 #include "memory/rank_state.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
+#include "model/hf_config.h"
 #include "model/precision.h"
 #include "report/reporter.h"
 #include "train/device.h"
@@ -237,7 +238,7 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
   DatasetSplits data;
   ModelShape shape;
   if (config.model.torchscript.empty()) {
-    data = registry.make_dataset(resolved_data(config));
+    data = registry.make_dataset(run_data(config, true));
     const c10::Device target = select_device(device, 0);
     shape = probe_model_shape(config, registry, data, target,
                               resolve_precision(config.train.precision, target).precision);
@@ -251,6 +252,8 @@ int plan_command(const RunConfig& config, const std::string& device, int64_t mem
                          capacity);
   };
   if (options.estimate_only) return from_estimate("--estimate-only");
+  if (config.model.name == "hf" && !hf_folder_has_weights(config_path(config, config.model.path)))
+    return from_estimate("model.path holds config.json without weights");
   // Weights too large to build here (they are initialised in host memory first, whatever the
   // device) are not built.
   if (shape.error.empty() && (shape.weight_bytes > physical_memory_bytes() / 4 ||

@@ -28,7 +28,11 @@ struct LoraConfig {
 };
 
 struct ModelConfig {
-  std::string name = "cnn";               ///< registry name: mlp, cnn, resnet, gpt, or a plugin's
+  std::string name = "cnn";  ///< registry name: mlp, cnn, resnet, gpt, hf, or a plugin's
+  /// hf: a Hugging Face model folder as save_pretrained writes it (config.json, and
+  /// model.safetensors or shards listed by model.safetensors.index.json); relative like plugin.
+  /// A fresh run starts from its weights; `gpurun plan` needs config.json alone. "": none.
+  std::string path;
   std::vector<int64_t> hidden{256, 128};  ///< mlp: widths of the hidden layers
   std::vector<int64_t> channels{32,
                                 64};  ///< cnn: channels of each conv block; resnet: of each stage
@@ -86,6 +90,14 @@ struct DataConfig {
   /// tokens: random (each sample's offset drawn from its sample_seed) | sequential
   /// (non-overlapping windows, each token once per epoch)
   std::string windows = "random";
+  /// tokens: a loss mask beside the token file, one uint8 per token of data.path (after an
+  /// llm.c header's tokens, none for the header): 1 where the token counts as a target, 0 where
+  /// it does not (a prompt's tokens in supervised fine-tuning). The loss and accuracy average
+  /// over the counted targets only. Relative like data.path. "": every target counts.
+  std::string mask_path;
+  /// tokens: the mask of the evaluation tokens (data.eval_path, or val.bin beside data.path);
+  /// with data.eval_fraction splitting data.path, data.mask_path's tail. "": every target counts.
+  std::string eval_mask_path;
   int64_t samples = 1024;                 ///< synthetic: samples generated (both splits)
   std::vector<int64_t> shape{1, 28, 28};  ///< synthetic: shape of one sample
   int64_t classes = 10;                   ///< synthetic: number of classes

@@ -31,6 +31,14 @@ class SegmentedModel : public torch::nn::Module {
   /// Appends a segment (registered as submodule `name`); returns it.
   torch::nn::Sequential add_segment(const std::string& name, torch::nn::Sequential segment);
 
+  /// Appends a segment whose modules the model has registered itself, under names of its own
+  /// (a Hugging Face model's `model.layers.0.self_attn.q_proj`): the segment only says what
+  /// runs in which order, and is not a submodule, so every parameter keeps its one name in
+  /// state_dict() and parameters(). A parameter two segments use (tied embeddings) must be
+  /// a parameter of each segment's modules, so that a checkpointed segment passes its
+  /// gradient on. Returns the segment.
+  torch::nn::Sequential add_segment_over(const std::string& name, torch::nn::Sequential segment);
+
   const std::vector<torch::nn::Sequential>& segments() const { return segments_; }
   const std::vector<std::string>& segment_names() const { return names_; }
 

@@ -15,7 +15,8 @@ std::string resolve_input_path(const RunConfig& config, const std::string& key,
                                const std::string& path, bool log) {
   if (path.empty() || stdfs::path(path).is_absolute()) return path;
   const std::string beside = config_path(config, path);  // run.yaml's folder
-  const bool data_key = key == "data.path" || key == "data.eval_path";
+  const bool data_key = key == "data.path" || key == "data.eval_path" || key == "data.mask_path" ||
+                        key == "data.eval_mask_path";
   if (!data_key || config.base_dir.empty()) return beside;
   std::error_code ec;
   const stdfs::path cwd = stdfs::current_path(ec);
@@ -46,6 +47,8 @@ DataConfig resolved_data(const RunConfig& config, bool log) {
   DataConfig data = config.data;
   data.path = resolve_input_path(config, "data.path", data.path, log);
   data.eval_path = resolve_input_path(config, "data.eval_path", data.eval_path, log);
+  data.mask_path = resolve_input_path(config, "data.mask_path", data.mask_path, log);
+  data.eval_mask_path = resolve_input_path(config, "data.eval_mask_path", data.eval_mask_path, log);
   return data;
 }
 

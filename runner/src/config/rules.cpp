@@ -100,6 +100,15 @@ void check_model_source(RunConfig& c, const std::function<bool(const std::string
     fail("model.plugin", "model.name",
          "model.plugin is set, so model.name must name one of the plugin's models");
   }
+  if (m.name == "hf" && m.path.empty())
+    fail("model.name", "model.path",
+         "model.name: hf needs model.path: DIR, a Hugging Face model folder (config.json and "
+         "its *.safetensors, as save_pretrained writes them)");
+  if (m.name != "hf" && !m.path.empty())
+    fail("model.path", "model.name",
+         "model.path names a Hugging Face model folder, read by model.name: hf only; model.name "
+         "is " +
+             m.name);
 }
 
 std::string batch_split_problem(const RunConfig& c, int64_t world_size) {

@@ -44,7 +44,9 @@ constexpr bool kNotHashed = false;
 /// add the member to its struct in config.h and one line here; a new section is new lines.
 const std::vector<Key>& schema() {
   static const std::vector<Key> kSchema = {
-    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, or a plugin's", kHashed},
+    {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, hf, or a plugin's", kHashed},
+    // The folder's weights are read by a fresh run alone, and recorded with their hash.
+    {GPURUN_KEY(model, path), any(), "hf: a Hugging Face model folder (config.json, *.safetensors); relative to run.yaml", kHashed},
     {GPURUN_KEY(model, hidden), positive_ints(), "mlp: widths of the hidden layers", kHashed},
     {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block; resnet: of each stage", kHashed},
     {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},
@@ -83,6 +85,8 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(data, dtype), one_of({"uint16", "uint32"}), "tokens: width of a raw file's token ids", kHashed},
     {GPURUN_KEY(data, vocab_size), at_least(0), "tokens: ids are below it; 0: the llm.c header's tokenizer's", kHashed},
     {GPURUN_KEY(data, windows), one_of({"random", "sequential"}), "tokens: random offsets, or non-overlapping windows once per epoch", kHashed},
+    {GPURUN_KEY(data, mask_path), any(), "tokens: loss mask, one uint8 per token, 1 where the target counts; relative to run.yaml; empty: all count", kHashed},
+    {GPURUN_KEY(data, eval_mask_path), any(), "tokens: the evaluation tokens' loss mask; relative to run.yaml; empty: all count", kHashed},
     {GPURUN_KEY(data, samples), at_least(2), "synthetic: samples generated, both splits", kHashed},
     {GPURUN_KEY(data, shape), positive_ints(), "synthetic: shape of one sample", kHashed},
     {GPURUN_KEY(data, classes), at_least(2), "synthetic: number of classes", kHashed},

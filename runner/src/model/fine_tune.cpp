@@ -136,10 +136,18 @@ std::vector<std::string> add_lora_adapters(SegmentedModel& model, const LoraConf
   const double scale = lora.alpha / static_cast<double>(lora.rank);
   std::vector<std::string> adapted, linears, full_rank;
   std::vector<std::vector<std::shared_ptr<Adapter>>> per_segment(model.segments().size());
-  for (size_t i = 0; i < model.segments().size(); ++i) {
-    for (const auto& item : model.segments()[i]->named_modules(model.segment_names()[i])) {
+  // Each Linear by the name state_dict() gives it, in the segment that runs it (a model may
+  // register its modules under names of its own: SegmentedModel::add_segment_over).
+  std::map<const torch::nn::Module*, size_t> segment_of;
+  for (size_t i = 0; i < model.segments().size(); ++i)
+    for (const auto& module : model.segments()[i]->modules(/*include_self=*/false))
+      segment_of.emplace(module.get(), i);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    {
       auto* linear = item.value()->as<torch::nn::Linear>();
-      if (!linear) continue;
+      const auto where = segment_of.find(item.value().get());
+      if (!linear || where == segment_of.end()) continue;
+      const size_t i = where->second;
       linears.push_back(item.key());
       if (!any_matches(lora.targets, item.key())) continue;
       const int64_t out = linear->weight.size(0), in = linear->weight.size(1);

@@ -43,6 +43,14 @@ torch::nn::Sequential SegmentedModel::add_segment(const std::string& name,
   return segments_.back();
 }
 
+torch::nn::Sequential SegmentedModel::add_segment_over(const std::string& name,
+                                                       torch::nn::Sequential segment) {
+  segments_.push_back(std::move(segment));
+  names_.push_back(name);
+  if (!checkpointed_.empty()) checkpointed_.push_back(false);
+  return segments_.back();
+}
+
 void SegmentedModel::set_checkpointed(std::vector<bool> flags) {
   if (!flags.empty() && flags.size() != segments_.size()) {
     throw std::invalid_argument("set_checkpointed: got " + std::to_string(flags.size()) +

@@ -7,11 +7,15 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/train_state.h"
+#include "config/paths.h"
 #include "gpurun/errors.h"
+#include "model/hf_config.h"
 #include "model/plugin_loader.h"
 #include "optim/lr_schedule.h"
 #include "optim/torch_optimizer.h"
+#include "train/hf_weights.h"
 #include "train/init_weights.h"
+#include "util/units.h"
 
 namespace gpurun {
 
@@ -130,6 +134,17 @@ nlohmann::json load_init_from(torch::nn::Module& model, const RunConfig& config)
         init.not_loaded.size(), init.unused.size(), rest);
   }
   return init.to_json();
+}
+
+nlohmann::json load_hf_model(torch::nn::Module& model, const RunConfig& config) {
+  const std::string folder = config_path(config, config.model.path);
+  nlohmann::json loaded = load_hf_weights(model, folder);
+  loaded["kind"] = "hf";
+  loaded["config"] = read_hf_config(folder).json;
+  spdlog::info("model.path: loaded {} tensors ({}, {}) from {} in {:.1f} s",
+               loaded["loaded"].get<int64_t>(), format_bytes(loaded["bytes"].get<int64_t>()),
+               loaded["dtype"].get<std::string>(), folder, loaded["seconds"].get<double>());
+  return loaded;
 }
 
 void log_resume_differences(const LoadedCheckpoint& loaded, const RunConfig& config,

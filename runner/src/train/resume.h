@@ -47,6 +47,11 @@ nlohmann::json check_data(const LoadedCheckpoint& loaded, const DataFingerprint&
 /// InitialWeights::to_json() for the manifests. Throws as load_initial_weights().
 nlohmann::json load_init_from(torch::nn::Module& model, const RunConfig& config);
 
+/// model.name hf: the folder's weights into `model` of a fresh run (train/hf_weights.h), logged;
+/// returns load_hf_weights()'s record with "kind": "hf" and the folder's config.json ("config"),
+/// which the manifest keeps for `gpurun export --format hf`.
+nlohmann::json load_hf_model(torch::nn::Module& model, const RunConfig& config);
+
 /// This process, as a resume compares it with the run that wrote the checkpoint.
 struct ResumingProcess {
   ResolvedPrecision precision;  ///< train.precision as resolved here

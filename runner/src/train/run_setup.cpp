@@ -30,10 +30,12 @@
 #include "memory/meter.h"
 #include "model/activation_checkpointing.h"
 #include "model/fine_tune.h"
+#include "model/hf_config.h"
 #include "model/torchscript_model.h"
 #include "model/without_weights.h"
 #include "optim/step_optimizer.h"
 #include "train/device.h"
+#include "train/hf_weights.h"
 #include "train/suspicious_settings.h"
 #include "util/signals.h"
 #include "util/units.h"
@@ -51,8 +53,10 @@ namespace {
 /// The model of `config` for `s.data`, with its LoRA adapters and frozen parameters, into
 /// `s.model` and `s.lora_layers`.
 void build_model(const RunConfig& config, const Registry& registry, Session& s) {
+  ModelConfig model = config.model;
+  model.path = config_path(config, model.path);  // model.name hf: beside run.yaml
   s.model = config.model.torchscript.empty()
-                ? registry.make_model(config.model, s.data.input_shape, s.data.num_classes)
+                ? registry.make_model(model, s.data.input_shape, s.data.num_classes)
                 : load_torchscript_model(config_path(config, config.model.torchscript),
                                          s.data.input_shape, s.data.num_classes);
   // Adapters before the weights move: lora_A and lora_B are parameters like the others.
@@ -295,6 +299,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                      const Registry& registry, int local_rank, const ModelShape* shape,
                      int64_t world_size) {
   Session s;
+  s.resident_before_model_bytes = resident_bytes();
   s.device = select_device(device, local_rank);
   if (local_rank == 0)
     spdlog::info("device {}{}", s.device.str(),
@@ -303,7 +308,7 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   s.loss = registry.make_loss(config.train.loss);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   // data.path and data.eval_path as run.yaml's folder resolves them (config/paths.h).
-  DataConfig data = resolved_data(config, local_rank == 0);
+  DataConfig data = run_data(config, local_rank == 0);
   if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
   s.precision = resolve_precision(config.train.precision, s.device);
@@ -353,8 +358,19 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
                           format_bytes(s.meter->capacity_bytes()) + "); " +
                           card_advice(config, need));
   }
+  // A Hugging Face folder's weights are checked now, before anything is written under --ckpt;
+  // a fresh run copies them in before its first step (the trainer; train/hf_weights.h).
+  if (config.model.name == "hf") check_hf_weights(*s.model, config_path(config, config.model.path));
   warn_about_suspicious_settings(config, s, memory_limit);
   return s;
+}
+
+DataConfig run_data(const RunConfig& config, bool log) {
+  DataConfig data = resolved_data(config, log);
+  // A Hugging Face model's token ids are below its config.json's vocab_size.
+  if (config.model.name == "hf" && data.name == "tokens" && data.vocab_size == 0)
+    data.vocab_size = read_hf_config(config_path(config, config.model.path)).vocabulary;
+  return data;
 }
 
 PlanRequest plan_request(const RunConfig& config, const Session& session, int64_t world_size) {

@@ -39,6 +39,9 @@ struct Session {
   ResolvedPrecision precision;
   /// model.lora: the Linear layers given adapters; empty: none.
   std::vector<std::string> lora_layers;
+  /// The process's resident set (VmRSS) when open_session() began, before the data and the
+  /// model: the baseline a model's loading is measured against (the `weights` event).
+  int64_t resident_before_model_bytes = 0;
 };
 
 /// The capacity limit in bytes: `memory_limit` (from --memory-limit) when > 0, else
@@ -115,6 +118,10 @@ struct RunDoesNotFit : ConfigError {
 Session open_session(const RunConfig& config, const std::string& device, int64_t memory_limit,
                      const Registry& registry, int local_rank = 0,
                      const ModelShape* shape = nullptr, int64_t world_size = 0);
+
+/// The run's data config: resolved_data() (paths beside run.yaml), with a Hugging Face model's
+/// vocab_size (model.name hf, config.json) for tokens data that names none.
+DataConfig run_data(const RunConfig& config, bool log);
 
 /// This machine's memory in bytes.
 int64_t physical_memory_bytes();

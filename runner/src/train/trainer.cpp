@@ -82,6 +82,11 @@ void Trainer::run() {
           reporter_.event("data_change", allowed);
     }
     if (!loaded && !config_.model.init_from.empty()) init_from_ = load_init_from(*model_, config_);
+    if (!loaded && config_.model.init_from.empty() && config_.model.name == "hf") {
+      init_from_ = load_hf_model(*model_, config_);
+      init_from_["resident_before_model_bytes"] = session_.resident_before_model_bytes;
+      if (rank_ == 0) reporter_.event("weights", init_from_);
+    }
     std::optional<MemoryPlan> saved;
     if (loaded && loaded->info.manifest.contains("plan"))
       saved = MemoryPlan::from_json(loaded->info.manifest["plan"]);
