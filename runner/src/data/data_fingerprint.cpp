@@ -152,6 +152,9 @@ DataFingerprint fingerprint_data(const DataConfig& data, int64_t train_samples,
     eval_key = "data.eval_path (val.bin beside data.path)";
   }
   if (!eval.empty()) f.sources.push_back(source_of(eval_key, eval));
+  if (!data.mask_path.empty()) f.sources.push_back(source_of("data.mask_path", data.mask_path));
+  if (!data.eval_mask_path.empty())
+    f.sources.push_back(source_of("data.eval_mask_path", data.eval_mask_path));
   return f;
 }
 

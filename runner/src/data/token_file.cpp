@@ -50,7 +50,7 @@ TokenFile::TokenFile(const std::string& path, const std::string& key, int raw_wi
     int32_t head[3] = {0, 0, 0};
     if (bytes >= kHeaderBytes && ::pread(fd_, head, sizeof head, 0) != sizeof head)
       throw IoError("read", path, errno);
-    if (head[0] == kGpt2Magic || head[0] == kLlama3Magic) {
+    if (raw_width != 1 && (head[0] == kGpt2Magic || head[0] == kLlama3Magic)) {
       const bool gpt2 = head[0] == kGpt2Magic;
       const int32_t version = gpt2 ? 1 : 7;
       layout_ = gpt2 ? Layout::kLlmcGpt2 : Layout::kLlmcLlama3;
@@ -105,7 +105,7 @@ int64_t TokenFile::header_vocabulary() const {
 }
 
 std::string TokenFile::describe() const {
-  const char* dtype = width_ == 2 ? "uint16" : "uint32";
+  const char* dtype = width_ == 1 ? "uint8" : width_ == 2 ? "uint16" : "uint32";
   switch (layout_) {
     case Layout::kLlmcGpt2:
       return std::string("llm.c GPT-2 (") + dtype + ")";
@@ -128,11 +128,13 @@ int64_t TokenFile::read(int64_t start, int64_t count, int64_t* out) const {
       ::madvise(map_, map_bytes_, MADV_DONTNEED);
     }
   }
+  if (width_ == 1) return copy_ids(ids_ + start, count, out);
   if (width_ == 2) return copy_ids(reinterpret_cast<const uint16_t*>(ids_) + start, count, out);
   return copy_ids(reinterpret_cast<const uint32_t*>(ids_) + start, count, out);
 }
 
 int64_t TokenFile::id(int64_t i) const {
+  if (width_ == 1) return ids_[i];
   return width_ == 2 ? reinterpret_cast<const uint16_t*>(ids_)[i]
                      : reinterpret_cast<const uint32_t*>(ids_)[i];
 }

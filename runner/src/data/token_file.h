@@ -33,13 +33,14 @@ class TokenFile {
   static constexpr int64_t kFaultBlockBytes = int64_t{2} << 20;
 
   /// Maps `path`. `key` names the config key that chose it in every message ("data.path");
-  /// `raw_width` is the bytes per id of a raw file (2: uint16, 4: uint32); a header names its
-  /// own. Throws ConfigError naming the file when it cannot be opened or is a directory, is
-  /// empty, holds no whole number of ids, or has an llm.c header of an unknown version or whose
-  /// token count disagrees with the file's size; IoError when mmap fails. `resident_bytes`: the
-  /// bytes of the mapping touched (each read counted as the kFaultBlockBytes blocks it touches)
-  /// after which its pages are dropped from the resident set; a file no larger than it is never
-  /// dropped (it is all the mapping can hold).
+  /// `raw_width` is the bytes per id of a raw file (2: uint16, 4: uint32; 1: a loss mask's
+  /// uint8 bytes, data.mask_path, never read as an llm.c header); a header names its own. Throws
+  /// ConfigError naming the file when it cannot be opened or is a directory, is empty, holds no
+  /// whole number of ids, or has an llm.c header of an unknown version or whose token count
+  /// disagrees with the file's size; IoError when mmap fails. `resident_bytes`: the bytes of the
+  /// mapping touched (each read counted as the kFaultBlockBytes blocks it touches) after which its
+  /// pages are dropped from the resident set; a file no larger than it is never dropped (it is all
+  /// the mapping can hold).
   TokenFile(const std::string& path, const std::string& key, int raw_width,
             int64_t resident_bytes = kDefaultResidentBytes);
   ~TokenFile();
@@ -49,7 +50,7 @@ class TokenFile {
   const std::string& path() const { return path_; }
   const std::string& key() const { return key_; }
   Layout layout() const { return layout_; }
-  int width() const { return width_; }              ///< bytes per id: 2 or 4
+  int width() const { return width_; }              ///< bytes per id: 1, 2 or 4
   int64_t tokens() const { return tokens_; }        ///< ids in the file
   int64_t header_bytes() const { return header_; }  ///< 0 (raw) or 1024 (llm.c)
   /// The vocabulary of the header's tokenizer (GPT-2: 50257, Llama 3: 128256); 0 for raw.

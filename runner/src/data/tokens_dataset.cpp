@@ -15,6 +15,10 @@
 //     Without a training context (get(), evaluation) a sample is the sequential window.
 // Evaluation always reads the eval file's sequential windows: data.eval_path, else val.bin
 // beside data.path, else the last data.eval_fraction of data.path's tokens.
+// A loss mask (data.mask_path, data.eval_mask_path: one uint8 per token, 1 where the token counts
+// as a target) turns the targets it zeroes into kIgnoredTarget (gpurun/loss.h), which the loss
+// and the accuracy leave out: supervised fine-tuning's prompt tokens, transformers' labels of
+// -100.
 #include <sys/mman.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -38,9 +42,11 @@ namespace {
 /// Samples of the ids [begin, end) of one token file, as the top of this file describes.
 class TokensDataset : public Dataset {
  public:
-  TokensDataset(std::shared_ptr<const TokenFile> file, int64_t begin, int64_t end, int64_t context,
-                bool random, int64_t vocabulary, int64_t limit)
+  TokensDataset(std::shared_ptr<const TokenFile> file, std::shared_ptr<const TokenFile> mask,
+                int64_t begin, int64_t end, int64_t context, bool random, int64_t vocabulary,
+                int64_t limit)
       : file_(std::move(file)),
+        mask_(std::move(mask)),
         begin_(begin),
         end_(end),
         context_(context),
@@ -94,11 +100,27 @@ class TokensDataset : public Dataset {
       out[b * context_ + context_ - 1] = last;
       if (largest >= vocabulary_) file_->throw_first_out_of_range(start, context_ + 1, vocabulary_);
       std::memcpy(out + b * context_, row + 1, static_cast<size_t>(context_ - 1) * sizeof(int64_t));
+      if (mask_) {
+        // The mask of the targets: tokens start + 1 .. start + context.
+        std::vector<int64_t> counts(static_cast<size_t>(context_));
+        if (mask_->read(start + 1, context_, counts.data()) > 1) throw_not_a_mask(start + 1);
+        for (int64_t j = 0; j < context_; ++j)
+          if (counts[static_cast<size_t>(j)] == 0) out[b * context_ + j] = kIgnoredTarget;
+      }
     }
     return {inputs, targets};
   }
 
+  [[noreturn]] void throw_not_a_mask(int64_t start) const {
+    for (int64_t i = start;; ++i)
+      if (mask_->id(i) > 1)
+        throw ConfigError(mask_->key() + ": " + mask_->path() + " holds " +
+                          std::to_string(mask_->id(i)) + " at byte " + std::to_string(i) +
+                          "; a loss mask holds 0 (the target does not count) or 1 (it counts)");
+  }
+
   std::shared_ptr<const TokenFile> file_;
+  std::shared_ptr<const TokenFile> mask_;  ///< uint8 per token, or null: every target counts
   int64_t begin_, end_, context_;
   bool random_;
   int64_t vocabulary_, size_ = 0;
@@ -173,6 +195,26 @@ DatasetSplits load_tokens(const DataConfig& c) {
                       " samples; " + c.path + " has " + std::to_string(train_windows) +
                       " windows of " + std::to_string(c.context) + " tokens and " + eval_source +
                       " " + std::to_string(eval_windows));
+  // Loss masks: one byte per token of their token file, read with the windows.
+  const auto open_mask = [](const std::string& path, const char* key, const TokenFile& tokens) {
+    auto mask = std::make_shared<const TokenFile>(path, key, 1);
+    if (mask->tokens() != tokens.tokens())
+      throw ConfigError(std::string(key) + ": " + path + " has " + std::to_string(mask->tokens()) +
+                        " bytes; a loss mask has one per token of " + tokens.path() +
+                        ", which has " + std::to_string(tokens.tokens()) + " tokens");
+    return mask;
+  };
+  std::shared_ptr<const TokenFile> train_mask, eval_mask;
+  if (!c.mask_path.empty()) train_mask = open_mask(c.mask_path, "data.mask_path", *train);
+  if (!c.eval_mask_path.empty())
+    eval_mask = open_mask(c.eval_mask_path, "data.eval_mask_path", *eval);
+  else if (eval == train)
+    eval_mask = train_mask;
+  else if (train_mask)
+    spdlog::warn(
+        "data.mask_path is set and data.eval_mask_path is not: evaluation on {} counts "
+        "every target",
+        eval->path());
   check_first_window(*train, 0, train_end, c.context, vocabulary);
   check_first_window(*eval, eval_begin, eval->tokens(), c.context, vocabulary);
 
@@ -185,10 +227,11 @@ DatasetSplits load_tokens(const DataConfig& c) {
                eval_source);
 
   DatasetSplits splits;
-  splits.train = std::make_shared<TokensDataset>(train, 0, train_end, c.context, random, vocabulary,
-                                                 c.train_samples);
-  splits.eval = std::make_shared<TokensDataset>(eval, eval_begin, eval->tokens(), c.context,
-                                                /*random=*/false, vocabulary, c.eval_samples);
+  splits.train = std::make_shared<TokensDataset>(train, train_mask, 0, train_end, c.context, random,
+                                                 vocabulary, c.train_samples);
+  splits.eval =
+      std::make_shared<TokensDataset>(eval, eval_mask, eval_begin, eval->tokens(), c.context,
+                                      /*random=*/false, vocabulary, c.eval_samples);
   splits.input_shape = {c.context};
   splits.num_classes = vocabulary;
   return splits;

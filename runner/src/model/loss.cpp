@@ -25,4 +25,8 @@ int64_t correct_predictions(const at::Tensor& logits, const at::Tensor& targets)
   return logits.argmax(-1).eq(targets).sum().item<int64_t>();
 }
 
+int64_t counted_targets(const at::Tensor& targets) {
+  return targets.ne(kIgnoredTarget).sum().item<int64_t>();
+}
+
 }  // namespace gpurun

@@ -76,6 +76,11 @@ double accumulate_gradients(SegmentedModel& model, const FetchBatch& fetch,
   return window ? loss_sum / window : 0.0;
 }
 
+double EvalSums::loss(int64_t samples) const {
+  if (counted == positions) return samples ? loss_sum / static_cast<double>(samples) : 0.0;
+  return counted > 0 ? counted_loss_sum / counted : 0.0;
+}
+
 EvalSums evaluate_in_batches(SegmentedModel& model, const Dataset& data, const at::Tensor& indices,
                              int64_t eval_batch, c10::Device device, const LossFn& loss_fn,
                              const std::function<void()>& before_batch, Precision precision) {
@@ -101,7 +106,11 @@ EvalSums evaluate_in_batches(SegmentedModel& model, const FetchBatch& fetch,
       at::Tensor logits = on_batch("evaluation's forward pass", batch.inputs,
                                    [&] { return model.forward(batch.inputs.to(device)); });
       at::Tensor targets = batch.targets.to(device);
-      sums.loss_sum += loss_fn(logits, targets).item<double>() * count;
+      const double mean = loss_fn(logits, targets).item<double>();
+      const auto counted = static_cast<double>(counted_targets(targets));
+      sums.loss_sum += mean * count;
+      if (counted > 0) sums.counted_loss_sum += mean * counted;
+      sums.counted += counted;
       sums.correct += static_cast<double>(correct_predictions(logits, targets));
       sums.positions += static_cast<double>(targets.numel());
     }

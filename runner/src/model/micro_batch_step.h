@@ -60,6 +60,14 @@ struct EvalSums {
   double loss_sum = 0;
   double correct = 0;
   double positions = 0;
+  /// Targets that count (not kIgnoredTarget), and each batch's mean loss x its counted targets:
+  /// with a loss mask, the evaluation's loss is the mean over every counted target.
+  double counted = 0;
+  double counted_loss_sum = 0;
+  /// The loss: loss_sum / samples without ignored targets, else counted_loss_sum / counted.
+  double loss(int64_t samples) const;
+  /// correct / counted (every target counts without a mask).
+  double accuracy() const { return counted > 0 ? correct / counted : 0.0; }
 };
 
 /// Evaluates the samples `indices` (int64) of `data` in batches of at most `eval_batch`, in

@@ -154,14 +154,18 @@ std::pair<double, double> Trainer::evaluate() {
       plan_.eval_batch, device_, session_.loss, [this] { reporter_.heartbeat(global_step_); },
       session_.precision.precision);
   eval_wait_seconds_ = loader.take_wait_seconds();
-  double loss_sum = mine.loss_sum, correct = mine.correct, positions = mine.positions;
+  EvalSums all = mine;
   if (comm_) {
-    const auto sums = comm_->all_reduce({loss_sum, correct, positions}, Collectives::Op::kSum);
-    loss_sum = sums[0];
-    correct = sums[1];
-    positions = sums[2];
+    const auto sums = comm_->all_reduce(
+        {all.loss_sum, all.correct, all.positions, all.counted, all.counted_loss_sum},
+        Collectives::Op::kSum);
+    all.loss_sum = sums[0];
+    all.correct = sums[1];
+    all.positions = sums[2];
+    all.counted = sums[3];
+    all.counted_loss_sum = sums[4];
   }
-  return {n ? loss_sum / n : 0.0, positions > 0 ? correct / positions : 0.0};
+  return {all.loss(n), all.accuracy()};
 }
 
 }  // namespace gpurun::detail
