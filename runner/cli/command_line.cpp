@@ -47,7 +47,7 @@ const char* const kUsage =
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
     "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
     "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
-    "  gpurun export CKPT_DIR --to FILE [--merge-lora] [--step N]";
+    "  gpurun export CKPT_DIR --to PATH [--format pt|hf|peft] [--merge-lora] [--step N]";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -196,11 +196,24 @@ Command parse_command_line(int argc, const char* const argv[]) {
   }
   if (first == "export") {
     if (args.size() != 2 || !r.count("to"))
-      usage_error("usage: gpurun export CKPT_DIR --to FILE [--merge-lora] [--step N]");
+      usage_error(
+          "usage: gpurun export CKPT_DIR --to PATH [--format pt|hf|peft] [--dtype D] "
+          "[--merge-lora] [--step N]");
     cmd.kind = Command::Kind::kExport;
     cmd.dir = args[1];
     cmd.to = r["to"].as<std::string>();
     cmd.merge_lora = r.count("merge-lora") > 0;
+    cmd.format = r["format"].as<std::string>();
+    cmd.max_shard_bytes = parse_size(r["max-shard-size"].as<std::string>());
+    if (cmd.max_shard_bytes <= 0) usage_error("--max-shard-size must be above 0");
+    if (cmd.format != "pt" && cmd.format != "hf" && cmd.format != "peft")
+      usage_error("--format must be pt, hf or peft, got " + cmd.format);
+    if (r.count("dtype")) {
+      cmd.dtype = r["dtype"].as<std::string>();
+      if (cmd.dtype != "float32" && cmd.dtype != "bfloat16" && cmd.dtype != "float16")
+        usage_error("--dtype must be float32, bfloat16 or float16, got " + cmd.dtype);
+      if (cmd.format == "pt") usage_error("--dtype is for --format hf and peft");
+    }
     if (r.count("step")) {
       cmd.step = r["step"].as<int>();
       if (*cmd.step < 0) usage_error("--step must be >= 0");
@@ -277,7 +290,8 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
     case Command::Kind::kReport:
       return report_command(cmd.dir, cmd.out, out);
     case Command::Kind::kExport:
-      return export_command(cmd.dir, cmd.to, out, cmd.merge_lora, cmd.step);
+      return export_command(cmd.dir, cmd.to, out, cmd.merge_lora, cmd.step, cmd.format, cmd.dtype,
+                            cmd.max_shard_bytes);
     case Command::Kind::kQueue:
       return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
                            cmd.launch.hang_timeout, out);

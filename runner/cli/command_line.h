@@ -22,21 +22,24 @@ struct Command {
   std::vector<std::string> overrides;  ///< --set KEY=VALUE, in order (the last wins)
   RunOptions run;                      ///< run
   std::string action;                  ///< ckpt: list | verify | inspect
-  std::string dir;          ///< ckpt DIR, status and report RUN_DIR, export CKPT_DIR, queue --dir
-  int parallel = 1;         ///< queue: --parallel N
-  std::string to;           ///< export: --to FILE
-  std::string out;          ///< report: --out FILE.html ("": DIR/report.html)
-  bool merge_lora = false;  ///< export: --merge-lora
-  std::optional<int64_t> step;    ///< export: --step N
-  std::string cards;              ///< plan: --cards FILE ("": the bundled table)
-  double deadline_hours = 72;     ///< plan: --deadline HOURS
-  bool estimate_only = false;     ///< plan: --estimate-only
-  bool probe_precisions = false;  ///< plan: --probe-precisions
-  int64_t world_size = 1;         ///< plan: --world-size N
-  bool json = false;              ///< --json: one JSON object on stdout, logs on stderr
-  std::string help;               ///< the --help text
-  LaunchRequest launch;           ///< run: restarts, DDP flags, the workers' command line;
-                                  ///< queue: max_restarts
+  std::string dir;            ///< ckpt DIR, status and report RUN_DIR, export CKPT_DIR, queue --dir
+  int parallel = 1;           ///< queue: --parallel N
+  std::string to;             ///< export: --to FILE
+  std::string out;            ///< report: --out FILE.html ("": DIR/report.html)
+  bool merge_lora = false;    ///< export: --merge-lora
+  std::string format = "pt";  ///< export: --format pt | hf | peft
+  std::string dtype;          ///< export: --dtype ("": the format's default)
+  int64_t max_shard_bytes = 5'000'000'000;  ///< export: --max-shard-size
+  std::optional<int64_t> step;              ///< export: --step N
+  std::string cards;                        ///< plan: --cards FILE ("": the bundled table)
+  double deadline_hours = 72;               ///< plan: --deadline HOURS
+  bool estimate_only = false;               ///< plan: --estimate-only
+  bool probe_precisions = false;            ///< plan: --probe-precisions
+  int64_t world_size = 1;                   ///< plan: --world-size N
+  bool json = false;                        ///< --json: one JSON object on stdout, logs on stderr
+  std::string help;                         ///< the --help text
+  LaunchRequest launch;  ///< run: restarts, DDP flags, the workers' command line;
+                         ///< queue: max_restarts
 };
 
 /// Parses argv. Throws ConfigError (exit 2) for an unknown option, a missing argument or an

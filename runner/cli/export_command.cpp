@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/export_state.h"
+#include "checkpoint/hf_export.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_state.h"
 #include "cli/ckpt_command.h"
@@ -141,11 +142,23 @@ std::string torchscript_source(const CheckpointMeta& meta) {
 }  // namespace
 
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
-                   bool merge_lora, std::optional<int64_t> step) {
+                   bool merge_lora, std::optional<int64_t> step, const std::string& format,
+                   const std::string& dtype, int64_t max_shard_bytes) {
   std::error_code ec;
   if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
-  if (to.empty()) throw ConfigError("gpurun export: --to FILE must not be empty");
+  if (to.empty()) throw ConfigError("gpurun export: --to must not be empty");
+  if (format == "hf" || format == "peft") {
+    HfExport options;
+    options.format = format;
+    options.merge_lora = merge_lora;
+    options.max_shard_bytes = max_shard_bytes;
+    if (dtype == "float32") options.dtype = at::kFloat;
+    if (dtype == "bfloat16") options.dtype = at::kBFloat16;
+    if (dtype == "float16") options.dtype = at::kHalf;
+    out << export_hf(choose(ckpt_dir, step), to, options);
+    return kExitOk;
+  }
   // An existing file is replaced (atomically); a directory never is: the rename would fail
   // after the export's work, or, named with a trailing slash, the path is no file at all.
   if (to.back() == '/' || stdfs::is_directory(to, ec))
@@ -173,7 +186,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     throw ResumeError(checkpoint.info.path +
                       "/model.pt does not match the manifest's model_digest " + meta.model_digest);
 
-  std::string format = "state_dict (torch.load)";
+  std::string written = "state_dict (torch.load)";
   if (merge_lora) {
     const RunConfig config = config_from_json(meta.config);
     if (config.model.lora.rank <= 0 || !module.empty())
@@ -181,8 +194,8 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
                         " was trained without model.lora: it has no adapters to merge");
     const double scale = config.model.lora.alpha / static_cast<double>(config.model.lora.rank);
     fs::replace_file(to, pickle_tensors(merge_lora_adapters(weights, scale)));
-    format = "state_dict with the LoRA adapters merged (torch.load; alpha/rank " +
-             std::to_string(scale) + ")";
+    written = "state_dict with the LoRA adapters merged (torch.load; alpha/rank " +
+              std::to_string(scale) + ")";
   } else if (module.empty()) {
     // The verified file as it is, byte for byte.
     fs::replace_file(to, fs::read_file(checkpoint.info.path + "/model.pt"));
@@ -199,10 +212,10 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
         meta.extra.value("model_source", json::object()), describe_model_source(current));
     if (!changed.empty()) spdlog::warn("{}", changed);
     save_torchscript_with_weights(module, weights, to);
-    format = "TorchScript module (torch.jit.load)";
+    written = "TorchScript module (torch.jit.load)";
   }
   out << "exported " << checkpoint.info.path << " (global step " << meta.global_step
-      << ", model_digest " << meta.model_digest << ") to " << to << " as a " << format << "\n";
+      << ", model_digest " << meta.model_digest << ") to " << to << " as a " << written << "\n";
   return kExitOk;
 }
 

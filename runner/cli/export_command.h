@@ -34,7 +34,11 @@ namespace gpurun {
 /// newer one was set aside), there is none, the given folder or step's checkpoint does not
 /// verify or does not exist, or its weights do not match its model_digest or the module;
 /// IoError (exit 1) when reading or writing fails.
+/// `format` hf or peft writes the folder `to` (checkpoint/hf_export.h) in `dtype` ("": the
+/// format's default), hf in files of at most `max_shard_bytes`.
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
-                   bool merge_lora = false, std::optional<int64_t> step = std::nullopt);
+                   bool merge_lora = false, std::optional<int64_t> step = std::nullopt,
+                   const std::string& format = "pt", const std::string& dtype = "",
+                   int64_t max_shard_bytes = 5'000'000'000);
 
 }  // namespace gpurun

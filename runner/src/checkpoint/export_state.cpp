@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "checkpoint/shard_files.h"
 #include "gpurun/errors.h"
@@ -101,18 +102,77 @@ void pread_exact(int fd, char* buf, int64_t n, int64_t pos, const std::string& p
 
 }  // namespace
 
-void export_fp32_state_dict(const LoadedCheckpoint& checkpoint, const std::string& to) {
-  const std::string model_path = checkpoint.info.path + "/model.pt";
-  const std::vector<Entry> entries = model_entries(model_path);
+struct CheckpointWeights::State {
+  const LoadedCheckpoint& checkpoint;
+  std::string model_path;
+  std::vector<Entry> entries;
   std::optional<ShardReader> shards;
-  if (!checkpoint.meta.sharded_optimizer.is_null()) {
-    shards.emplace(checkpoint);
-    if (shards->index().state_index("master") < 0) shards.reset();  // fp32 weights in model.pt
-  }
   Fd model;
-  model.fd = ::open(model_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (model.fd < 0) throw IoError("open", model_path, errno);
+  std::vector<bool> from_master;  ///< per entry: read from the shard files' fp32 master
+  explicit State(const LoadedCheckpoint& c)
+      : checkpoint(c), model_path(c.info.path + "/model.pt") {}
+};
 
+CheckpointWeights::CheckpointWeights(const LoadedCheckpoint& checkpoint)
+    : state_(std::make_unique<State>(checkpoint)) {
+  State& s = *state_;
+  s.entries = model_entries(s.model_path);
+  if (!checkpoint.meta.sharded_optimizer.is_null()) {
+    s.shards.emplace(checkpoint);
+    if (s.shards->index().state_index("master") < 0) s.shards.reset();  // fp32 weights in model.pt
+  }
+  s.model.fd = ::open(s.model_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (s.model.fd < 0) throw IoError("open", s.model_path, errno);
+  for (const Entry& e : s.entries) {
+    const ShardedParameter* master = s.shards ? s.shards->index().parameter(e.name) : nullptr;
+    const bool from_master = master && master->shape == e.meta.sizes().vec();
+    s.from_master.push_back(from_master);
+    tensors_.push_back(
+        {e.name, e.meta.sizes().vec(), from_master ? at::kFloat : e.meta.scalar_type()});
+  }
+}
+
+CheckpointWeights::~CheckpointWeights() = default;
+
+int64_t CheckpointWeights::find(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+at::Tensor CheckpointWeights::read(size_t i) {
+  State& s = *state_;
+  const Entry& e = s.entries.at(i);
+  at::Tensor data = at::empty(tensors_[i].shape, at::TensorOptions().dtype(tensors_[i].dtype));
+  if (s.from_master[i]) {
+    const ShardedParameter* master = s.shards->index().parameter(e.name);
+    s.shards->want(e.name, "master", {0, master->numel}, data.data_ptr<float>());
+    s.shards->read(/*verify=*/false);
+  } else {
+    pread_exact(s.model.fd, static_cast<char*>(data.data_ptr()), e.bytes, e.offset, s.model_path);
+  }
+  return data;
+}
+
+void CheckpointWeights::verify() {
+  State& s = *state_;
+  Xxh3 digest;  // model_digest: every tensor's bytes in state_dict order
+  std::unique_ptr<char[]> chunk(new char[kChunkBytes]);
+  for (const Entry& e : s.entries)
+    for (int64_t done = 0; done < e.bytes; done += kChunkBytes) {
+      const int64_t n = std::min(kChunkBytes, e.bytes - done);
+      pread_exact(s.model.fd, chunk.get(), n, e.offset + done, s.model_path);
+      digest.update(chunk.get(), static_cast<size_t>(n));
+    }
+  if (digest.hex() != s.checkpoint.meta.model_digest)
+    throw DamagedCheckpointError(s.model_path + " does not match the manifest's model_digest " +
+                                 s.checkpoint.meta.model_digest + " (its tensors hash to " +
+                                 digest.hex() + ")");
+}
+
+void export_fp32_state_dict(const LoadedCheckpoint& checkpoint, const std::string& to) {
+  CheckpointWeights weights(checkpoint);
+  weights.verify();
   const std::string tmp = to + ".tmp-export-" + std::to_string(::getpid());
   Fd out;
   out.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -126,35 +186,15 @@ void export_fp32_state_dict(const LoadedCheckpoint& checkpoint, const std::strin
     // over a marker stands for it, and each record is written as its data is ready.
     static char marker = 0;
     c10::Dict<std::string, at::Tensor> dict;
-    Xxh3 digest;  // model_digest: every tensor's bytes in state_dict order
-    std::unique_ptr<char[]> chunk(new char[kChunkBytes]);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const Entry& e = entries[i];
-      for (int64_t done = 0; done < e.bytes; done += kChunkBytes) {
-        const int64_t n = std::min(kChunkBytes, e.bytes - done);
-        pread_exact(model.fd, chunk.get(), n, e.offset + done, model_path);
-        digest.update(chunk.get(), static_cast<size_t>(n));
-      }
-      const bool floating = at::isFloatingType(e.meta.scalar_type());
-      const auto dtype = floating ? at::kFloat : e.meta.scalar_type();
-      at::Tensor data;
-      const ShardedParameter* master = shards ? shards->index().parameter(e.name) : nullptr;
-      if (master && master->shape == e.meta.sizes().vec()) {
-        data = at::empty(e.meta.sizes(), at::TensorOptions().dtype(at::kFloat));
-        shards->want(e.name, "master", {0, master->numel}, data.data_ptr<float>());
-        shards->read(/*verify=*/false);
-      } else {
-        data = at::empty(e.meta.sizes(), at::TensorOptions().dtype(e.meta.scalar_type()));
-        pread_exact(model.fd, static_cast<char*>(data.data_ptr()), e.bytes, e.offset, model_path);
-        if (data.scalar_type() != dtype) data = data.to(dtype);
-      }
+    for (size_t i = 0; i < weights.tensors().size(); ++i) {
+      at::Tensor data = weights.read(i);
+      if (at::isFloatingType(data.scalar_type()) && data.scalar_type() != at::kFloat)
+        data = data.to(at::kFloat);
       writer.writeRecord("data/" + std::to_string(i), data.data_ptr(), data.nbytes());
-      dict.insert(e.name, at::from_blob(&marker, e.meta.sizes(), at::TensorOptions().dtype(dtype)));
+      dict.insert(
+          weights.tensors()[i].name,
+          at::from_blob(&marker, data.sizes(), at::TensorOptions().dtype(data.scalar_type())));
     }
-    if (digest.hex() != checkpoint.meta.model_digest)
-      throw DamagedCheckpointError(model_path + " does not match the manifest's model_digest " +
-                                   checkpoint.meta.model_digest + " (its tensors hash to " +
-                                   digest.hex() + ")");
     // As pickle_tensors() (checkpoint/pickle.cpp): no type tags, which weights_only refuses.
     std::vector<char> pickled;
     torch::jit::Pickler pickler(

@@ -127,7 +127,12 @@ TEST(CommandLine, MistakesAreConfigErrorsThatSayWhatIsWrong) {
   EXPECT_NE(error_of({"r.yaml", "other.yaml", "--ckpt", "d"}).find("unexpected argument"),
             std::string::npos);
   EXPECT_NE(error_of({"ckpt", "lst", "d"}).find("list|verify|inspect"), std::string::npos);
-  EXPECT_NE(error_of({"export", "d"}).find("--to FILE"), std::string::npos);
+  EXPECT_NE(error_of({"export", "d"}).find("--to PATH"), std::string::npos);
+  EXPECT_NE(error_of({"export", "d", "--to", "x", "--format", "gguf"}).find("pt, hf or peft"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of({"export", "d", "--to", "x", "--dtype", "bfloat16"}).find("--format hf and peft"),
+      std::string::npos);
   EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--memory-limit", "12XB"}).find("invalid size"),
             std::string::npos);
   EXPECT_NE(error_of({"r.yaml", "--ckpt", "d", "--max-restarts", "-1"}).find(">= 0"),
