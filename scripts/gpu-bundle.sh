@@ -10,6 +10,12 @@
 #   bundle/MANIFEST            package versions and sizes
 #
 # Every dependency gpurun adds joins the list below, or the GPU check cannot build.
+#
+# The tests' Python tools (install-deps.sh's TensorBoard and Hugging Face venvs) are not
+# bundled: gpu-check.sh runs no test that uses them, and their wheels would not fit beside the
+# packages under the limit (transformers 5.25.0, peft 0.21.2, safetensors 0.8.0 and what they
+# pull beyond torch: 33 MiB, 49 with numpy; and several are built for one Python version, which
+# need not be the GPU machine's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

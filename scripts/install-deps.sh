@@ -14,6 +14,8 @@
 #                                                      build against, and nothing else
 #        scripts/install-deps.sh --print-torch-python  print the Python that has that torch
 #        scripts/install-deps.sh --print-tools-python  print the Python that has tensorboard
+#        scripts/install-deps.sh --print-hf-python     print the Python that has transformers,
+#                                                      peft and safetensors (and that torch)
 set -euo pipefail
 
 TORCH_PIN=2.11.0     # the one place the PyPI release is named
@@ -22,6 +24,17 @@ TORCH_MIN=2.7        # C++11-ABI wheels (Debian's yaml-cpp, spdlog link) and dev
 GPURUN_TORCH_VENV=${GPURUN_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/torch-$TORCH_PIN}
 # TensorBoard for the tests, in a venv of its own: a user's python3 with torch stays untouched.
 GPURUN_TOOLS_VENV=${GPURUN_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/tools-tb$TENSORBOARD_PIN}
+# Hugging Face's own code, the reference the tests hold `model: {name: hf}`, the loss mask and
+# `gpurun export` to (tests/tools/hf/): it builds the tiny Llama-family models the tests load,
+# computes the loss they must agree with, and loads what gpurun exports. Pinned, because the
+# files they write (config.json's keys, the safetensors names, adapter_config.json) are what
+# the tests compare with.
+TRANSFORMERS_PIN=5.25.0
+PEFT_PIN=0.21.2
+SAFETENSORS_PIN=0.8.0
+# In a venv of its own too, which sees torch_python's torch through a .pth file rather than
+# installing its own (2 GB again, and maybe another build than the one gpurun links).
+GPURUN_HF_VENV=${GPURUN_HF_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurun/hf-tools-tf$TRANSFORMERS_PIN}
 
 packages=(
   build-essential cmake ninja-build pkg-config git ccache clang-format
@@ -68,6 +81,20 @@ EOF
   done
 }
 
+# Whether the Hugging Face venv imports the pinned releases and a torch; its site-packages.
+hf_ok() {
+  "$GPURUN_HF_VENV/bin/python" - "$TRANSFORMERS_PIN" "$PEFT_PIN" "$SAFETENSORS_PIN" \
+    >/dev/null 2>&1 <<'EOF'
+import sys
+import peft, safetensors, torch, transformers
+have = (transformers.__version__, peft.__version__, safetensors.__version__)
+sys.exit(0 if have == tuple(sys.argv[1:]) else 1)
+EOF
+}
+hf_site() {
+  "$GPURUN_HF_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null
+}
+
 case "${1:-}" in
   --print-tools-python)
     if ! "$GPURUN_TOOLS_VENV/bin/python" -c 'import tensorboard' 2>/dev/null; then
@@ -75,6 +102,13 @@ case "${1:-}" in
       exit 1
     fi
     echo "$GPURUN_TOOLS_VENV/bin/python"
+    exit 0 ;;
+  --print-hf-python)
+    if ! hf_ok; then
+      echo "install-deps: no transformers $TRANSFORMERS_PIN, peft $PEFT_PIN, safetensors $SAFETENSORS_PIN and torch in $GPURUN_HF_VENV; run scripts/install-deps.sh" >&2
+      exit 1
+    fi
+    echo "$GPURUN_HF_VENV/bin/python"
     exit 0 ;;
   --print-torch-prefix|--print-torch-python)
     py=$(torch_python)
@@ -153,4 +187,23 @@ if ! "$GPURUN_TOOLS_VENV/bin/python" -c 'import tensorboard' 2>/dev/null; then
   echo "install-deps: installing tensorboard $TENSORBOARD_PIN from PyPI into $GPURUN_TOOLS_VENV"
   python3 -m venv "$GPURUN_TOOLS_VENV"
   "$GPURUN_TOOLS_VENV/bin/pip" install -q "tensorboard==$TENSORBOARD_PIN"
+fi
+# The Hugging Face tools: a venv made by torch's own Python (the .pth below only works for the
+# Python version torch's compiled modules were built for; run from a venv, `-m venv` makes one
+# on the same base interpreter), whose site-packages gets a .pth naming the directory torch is
+# in. Python then imports torch from there, and pip sees it installed and leaves it be; what else
+# transformers and peft need goes into this venv, ahead of that directory on sys.path. The .pth
+# is written again on every run, so that it follows torch_python when that changes; a venv that
+# then imports something wrong or not at all (another Python version, an interrupted install, a
+# changed pin) is made again.
+torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+if site=$(hf_site) && [ -d "$site" ]; then echo "$torch_dir" >"$site/gpurun-torch.pth"; fi
+if ! hf_ok; then
+  echo "install-deps: installing transformers $TRANSFORMERS_PIN, peft $PEFT_PIN and safetensors" \
+       "$SAFETENSORS_PIN from PyPI into $GPURUN_HF_VENV (torch from $torch_dir)"
+  "$py" -m venv --clear "$GPURUN_HF_VENV"
+  echo "$torch_dir" >"$(hf_site)/gpurun-torch.pth"
+  "$GPURUN_HF_VENV/bin/pip" install -q "transformers==$TRANSFORMERS_PIN" "peft==$PEFT_PIN" \
+    "safetensors==$SAFETENSORS_PIN"
+  hf_ok || { echo "install-deps: $GPURUN_HF_VENV still does not import them" >&2; exit 1; }
 fi
