@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/ops/randn.h>
+
 #include "checkpoint/safetensors.h"
 #include "integration/harness.h"
 #include "util/fs.h"
@@ -216,12 +218,24 @@ TEST_F(Hf, AMaskedLossIsTransformersLossWithIgnoredLabels) {
                   "masked");
   // And not the unmasked loss: half the targets are left out.
   EXPECT_GT(std::abs(masked - reference_loss(m, dir_ / "val.bin")), 1e-4);
-  // A mask of another length is refused naming it.
+  // A mask of another length, one holding a 2 (where no window reads), one whose evaluation
+  // tokens all are 0: each refused at set-up, naming it.
+  std::string two = slurp(dir_ / "train.mask");
+  two[3990] = '\2';
+  fs::replace_file(dir_ / "two.mask", two);
+  std::string none = slurp(dir_ / "val.mask");
+  std::fill(none.begin(), none.end(), '\0');
+  fs::replace_file(dir_ / "none.mask", none);
   fs::replace_file(dir_ / "short.mask", std::string(100, '\1'));
-  const Result bad = run_gpurun(
-      with_sets({c, "--ckpt", dir_ / "bad"}, {"data.mask_path=" + (dir_ / "short.mask")}));
-  EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_TRUE(contains(bad.err, "data.mask_path")) << bad.err;
+  for (const auto& [set, expected] :
+       {std::pair<std::string, std::string>{"data.mask_path=" + (dir_ / "short.mask"), "100 bytes"},
+        {"data.mask_path=" + (dir_ / "two.mask"), "holds 2 at byte 3990"},
+        {"data.eval_mask_path=" + (dir_ / "none.mask"), "counts no target"}}) {
+    const Result bad = run_gpurun(with_sets({c, "--ckpt", dir_ / "bad"}, {set}));
+    EXPECT_EQ(bad.exit_code, 2) << set;
+    EXPECT_TRUE(contains(bad.err, expected)) << bad.err;
+    EXPECT_FALSE(stdfs::exists(dir_ / "bad/metrics.jsonl")) << set;
+  }
 }
 
 TEST_F(Hf, ABf16LoraFineTuneSigkilledAndResumedEndsWithTheUninterruptedDigest) {
@@ -245,6 +259,28 @@ TEST_F(Hf, ABf16LoraFineTuneSigkilledAndResumedEndsWithTheUninterruptedDigest) {
       run_gpurun({"export", ckpt, "--to", dir_ / "merged", "--format", "hf", "--merge-lora"});
   ASSERT_EQ(merged.exit_code, 0) << merged.err;
   EXPECT_TRUE(contains(merged.out, "bfloat16")) << merged.out;
+}
+
+TEST_F(Hf, AResumeRefusesAnotherConfigJsonAndFollowsAMovedFolder) {
+  const std::string m = model("base", {"--arch", "llama"});
+  const std::string c = config(m);
+  const std::string ckpt = dir_ / "ckpt";
+  ASSERT_EQ(run_gpurun({c, "--ckpt", ckpt}).exit_code, 0);
+  // Another rope_theta builds another model: refused, naming the key and both values.
+  const std::string original = slurp(m + "/config.json");
+  auto edited = nlohmann::json::parse(original);
+  edited["rms_norm_eps"] = 0.01;
+  fs::replace_file(m + "/config.json", edited.dump());
+  const Result refused = run_gpurun(with_sets({c, "--ckpt", ckpt, "--resume"}, {"train.epochs=2"}));
+  EXPECT_EQ(refused.exit_code, 3) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "rms_norm_eps: 1e-06 -> 0.01")) << refused.err;
+  // The folder mounted elsewhere on a new machine: model.path is not a training key.
+  fs::replace_file(m + "/config.json", original);
+  stdfs::rename(m, dir_ / "moved");
+  const Result moved = run_gpurun(with_sets({c, "--ckpt", ckpt, "--resume"},
+                                            {"train.epochs=2", "model.path=" + (dir_ / "moved")}));
+  EXPECT_EQ(moved.exit_code, 0) << moved.err;
+  EXPECT_EQ(events(ckpt, "resume").size(), 1u);
 }
 
 TEST_F(Hf, TwoRanksShardedWithMasterWeightsResumeToTheUninterruptedDigest) {
@@ -375,6 +411,65 @@ TEST_F(Hf, BadInputsExitTwoNamingTheFileAndTheKeyAndWriteNothing) {
     fs::replace_file(m + "/config.json", config_json.dump());
     refused(m, {m + "/config.json", "architectures", "GPT2LMHeadModel", "LlamaForCausalLM"});
   }
+}
+
+// A Llama of 1.0 GB in bf16 (34 layers of 1024, vocab 32000), its weights written here: loading
+// it for bf16 training with master weights holds the model and one tensor, not the file, nor an
+// fp32 copy of the model (built without writing its pages, converted to 16 bits, then filled).
+TEST(HfMemory, LoadingAGigabyteBf16ModelPeaksBelow1Point3GBAboveTheBaseline) {
+  TempDir dir;
+  const std::string folder = dir / "model";
+  stdfs::create_directories(folder);
+  const std::string config_json =
+      R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 2816,
+      "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 8,
+      "vocab_size": 32000, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+      "max_position_embeddings": 64, "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+  fs::replace_file(folder + "/config.json", config_json);
+  std::vector<SafetensorsSpec> specs;
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    specs.push_back({name, at::kBFloat16, std::move(shape)});
+  };
+  add("model.embed_tokens.weight", {32000, 1024});
+  for (int i = 0; i < 34; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      add(p + "self_attn." + proj + ".weight", {1024, 1024});
+    add(p + "mlp.gate_proj.weight", {2816, 1024});
+    add(p + "mlp.up_proj.weight", {2816, 1024});
+    add(p + "mlp.down_proj.weight", {1024, 2816});
+    add(p + "input_layernorm.weight", {1024});
+    add(p + "post_attention_layernorm.weight", {1024});
+  }
+  add("model.norm.weight", {1024});
+  add("lm_head.weight", {32000, 1024});
+  const int64_t bytes = write_safetensors(folder + "/model.safetensors", specs, [&](size_t i) {
+    return at::randn(specs[i].shape).mul_(0.02).to(at::kBFloat16);
+  });
+  ASSERT_GT(bytes, 1'000'000'000);
+  std::string tokens(2000 * 2, '\0');
+  for (size_t i = 0; i < 2000; ++i) tokens[i * 2] = static_cast<char>(i % 251);
+  fs::replace_file(dir / "tokens.bin", tokens);
+  const std::string config = write_config(
+      dir, "model: {name: hf, path: " + folder +
+               ", lora: {rank: 1, targets: [model.layers.0.self_attn.q_proj]}}\n" +
+               "data: {name: tokens, path: " + (dir / "tokens.bin") +
+               ", context: 16, train_samples: 2, eval_samples: 2, workers: 0}\n"
+               "optim: {name: adamw, lr: 0.001, master_weights: true}\n"
+               "train: {epochs: 1, batch_size: 2, eval_batch_size: 2, precision: bf16}\n"
+               "memory: {strategy: none, probe_steps: 1}\n");
+  const Result run = run_gpurun({config, "--ckpt", dir / "ckpt"}, {}, 600);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto weights = events(dir / "ckpt", "weights");
+  ASSERT_EQ(weights.size(), 1u);
+  const int64_t peak = weights[0]["resident_peak_bytes"].get<int64_t>();
+  const int64_t baseline = weights[0]["resident_before_model_bytes"].get<int64_t>();
+  EXPECT_GT(weights[0]["bytes"].get<int64_t>(), 1'000'000'000);  // the tensors, header aside
+  EXPECT_LT(weights[0]["bytes"].get<int64_t>(), bytes);
+  EXPECT_EQ(weights[0]["dtype"], "bfloat16");
+  // The model itself is resident (every page written by the copy), and little more.
+  EXPECT_GT(peak - baseline, 900'000'000) << "peak " << peak << ", baseline " << baseline;
+  EXPECT_LT(peak - baseline, 1'300'000'000) << "peak " << peak << ", baseline " << baseline;
 }
 
 /// Llama-2-7B's and Llama-3-8B's published config.json, alone in a folder.

@@ -28,10 +28,12 @@ using json = nlohmann::json;
 
 /// The files of a model folder besides its weights that inference needs (the tokenizer, the
 /// generation defaults), copied from the input folder when it is still there.
-const char* const kCompanionFiles[] = {"tokenizer.json",    "tokenizer_config.json",
-                                       "tokenizer.model",   "special_tokens_map.json",
-                                       "added_tokens.json", "vocab.json",
-                                       "merges.txt",        "generation_config.json"};
+const char* const kCompanionFiles[] = {
+    "tokenizer.json",      "tokenizer_config.json",
+    "tokenizer.model",     "special_tokens_map.json",
+    "added_tokens.json",   "vocab.json",
+    "merges.txt",          "generation_config.json",
+    "chat_template.jinja", "chat_template.json"};  // transformers 5 keeps the template apart
 
 c10::ScalarType dtype_of_name(const std::string& name) {
   if (name == "float32" || name == "float") return at::kFloat;
@@ -72,6 +74,8 @@ std::string regex_escaped(const std::string& text) {
 class FolderWriter {
  public:
   explicit FolderWriter(std::string to) : to_(std::move(to)) {
+    // "out/" names the folder out: its parent is where the temporary folder goes.
+    while (to_.size() > 1 && to_.back() == '/') to_.pop_back();
     std::error_code ec;
     if (stdfs::exists(to_, ec)) {
       if (!stdfs::is_directory(to_, ec))

@@ -81,10 +81,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw bad("its header's length cannot be read");
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
-  if (length > static_cast<uint64_t>(kMaxHeaderBytes) || static_cast<int64_t>(length) > size_ - 8)
+  if (static_cast<int64_t>(length) > size_ - 8)
     throw bad("its header says " + std::to_string(length) + " bytes, and the file holds " +
-              std::to_string(size_ - 8) + " after the length (at most " +
-              std::to_string(kMaxHeaderBytes) + " allowed)");
+              std::to_string(size_ - 8) + " after the length (is the file cut short?)");
+  if (length > static_cast<uint64_t>(kMaxHeaderBytes))
+    throw bad("its header says " + std::to_string(length) + " bytes, more than the " +
+              std::to_string(kMaxHeaderBytes) + " the format allows");
   data_start_ = 8 + static_cast<int64_t>(length);
   std::string text(length, '\0');
   if (fs::pread_full(file.fd, text.data(), length, 8, path) != length)

@@ -45,8 +45,10 @@ constexpr bool kNotHashed = false;
 const std::vector<Key>& schema() {
   static const std::vector<Key> kSchema = {
     {GPURUN_KEY(model, name), non_empty(), "registry name: mlp, cnn, resnet, gpt, hf, or a plugin's", kHashed},
-    // The folder's weights are read by a fresh run alone, and recorded with their hash.
-    {GPURUN_KEY(model, path), any(), "hf: a Hugging Face model folder (config.json, *.safetensors); relative to run.yaml", kHashed},
+    // Where the folder is, not what it holds: a resume (on a new box, the folder mounted
+    // elsewhere) compares its config.json with the checkpoint's; its weights are read by a
+    // fresh run alone, and recorded with a hash of their headers.
+    {GPURUN_KEY(model, path), any(), "hf: a Hugging Face model folder (config.json, *.safetensors); relative to run.yaml", kNotHashed},
     {GPURUN_KEY(model, hidden), positive_ints(), "mlp: widths of the hidden layers", kHashed},
     {GPURUN_KEY(model, channels), positive_ints(), "cnn: channels of each conv block; resnet: of each stage", kHashed},
     {GPURUN_KEY(model, dropout), fraction(), "dropout probability", kHashed},

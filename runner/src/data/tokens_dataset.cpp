@@ -145,6 +145,28 @@ void check_first_window(const TokenFile& file, int64_t begin, int64_t end, int64
     file.throw_first_out_of_range(begin, count, vocabulary);
 }
 
+/// Reads the loss mask `mask` once, whole, in 1 MiB pieces: a byte other than 0 or 1 is refused
+/// here, before anything is written, naming its offset (a window would find it only when it
+/// reads it, or never). Returns how many of the bytes [begin, end) are 1.
+int64_t scan_mask(const TokenFile& mask, int64_t begin, int64_t end) {
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<int64_t> bytes(static_cast<size_t>(kPiece));
+  int64_t ones = 0;
+  for (int64_t at = 0; at < mask.tokens(); at += kPiece) {
+    const int64_t n = std::min(kPiece, mask.tokens() - at);
+    if (mask.read(at, n, bytes.data()) > 1)
+      for (int64_t i = 0; i < n; ++i)
+        if (bytes[static_cast<size_t>(i)] > 1)
+          throw ConfigError(mask.key() + ": " + mask.path() + " holds " +
+                            std::to_string(bytes[static_cast<size_t>(i)]) + " at byte " +
+                            std::to_string(at + i) +
+                            "; a loss mask holds 0 (the target does not count) or 1 (it counts)");
+    for (int64_t i = std::max(begin - at, int64_t{0}); i < std::min(n, end - at); ++i)
+      ones += bytes[static_cast<size_t>(i)];
+  }
+  return ones;
+}
+
 DatasetSplits load_tokens(const DataConfig& c) {
   const int raw_width = c.dtype == "uint32" ? 4 : 2;
   auto train = std::make_shared<const TokenFile>(c.path, "data.path", raw_width);
@@ -215,6 +237,20 @@ DatasetSplits load_tokens(const DataConfig& c) {
         "data.mask_path is set and data.eval_mask_path is not: evaluation on {} counts "
         "every target",
         eval->path());
+  // Each mask is read whole once: a bad byte, or a split whose targets all are left out (its
+  // loss would be 0/0), is refused now. Targets are tokens 1.. of a range.
+  const auto check_mask = [](const TokenFile& mask, int64_t begin, int64_t end,
+                             const std::string& split) {
+    const int64_t ones = scan_mask(mask, begin, end);
+    if (ones == 0)
+      throw ConfigError(mask.key() + ": " + mask.path() + " counts no target of the " + split +
+                        " tokens (every byte of [" + std::to_string(begin) + ", " +
+                        std::to_string(end) + ") is 0): its loss would have nothing to average");
+    spdlog::info("{} {}: {} of the {} {} tokens count as targets", mask.key(), mask.path(), ones,
+                 end - begin, split);
+  };
+  if (train_mask) check_mask(*train_mask, 1, train_end, "training");
+  if (eval_mask) check_mask(*eval_mask, eval_begin + 1, eval->tokens(), "evaluation");
   check_first_window(*train, 0, train_end, c.context, vocabulary);
   check_first_window(*eval, eval_begin, eval->tokens(), c.context, vocabulary);
 

@@ -1,7 +1,10 @@
 #include "model/micro_batch_step.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -71,6 +74,17 @@ double accumulate_gradients(SegmentedModel& model, const FetchBatch& fetch,
       weighted.backward();
       return 0;
     });
+    // A chunk whose loss mask counts no target has no mean: its loss is 0/0, its gradient 0
+    // (no target reaches the backward of the loss). It adds 0 to the step's loss, said once.
+    if (counted_targets(batch.targets) == 0) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        spdlog::warn(
+            "a micro-batch of {} samples counts no target (its loss mask is 0 throughout): it "
+            "adds nothing to the gradient, and 0 to the step's logged loss (said once)",
+            count);
+      continue;
+    }
     loss_sum += loss.item<double>() * count;
   }
   return window ? loss_sum / window : 0.0;

@@ -30,13 +30,6 @@ std::string shape_text(c10::IntArrayRef shape) {
   return out + "]";
 }
 
-std::string listed(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size() && i < 12; ++i) out += "\n  " + items[i];
-  if (items.size() > 12) out += "\n  ... (" + std::to_string(items.size()) + " in all)";
-  return out;
-}
-
 std::string dtype_name(c10::ScalarType t) {
   switch (t) {
     case c10::ScalarType::Float:
@@ -50,6 +43,13 @@ std::string dtype_name(c10::ScalarType t) {
     default:
       return c10::toString(t);
   }
+}
+
+std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < 12; ++i) out += "\n  " + items[i];
+  if (items.size() > 12) out += "\n  ... (" + std::to_string(items.size()) + " in all)";
+  return out;
 }
 
 /// The folder's safetensors files, opened and checked, and where each tensor is.
@@ -110,7 +110,7 @@ Folder open_folder(const std::string& folder) {
 
 /// The model's tensors paired with the folder's; throws for a missing one or another shape.
 std::vector<std::pair<at::Tensor, std::pair<const SafetensorsFile*, const SafetensorsEntry*>>>
-match(const torch::nn::Module& model, const Folder& f, const std::string& folder) {
+match(const torch::nn::Module& model, const Folder& f, const std::string& folder, bool log) {
   std::vector<std::pair<at::Tensor, std::pair<const SafetensorsFile*, const SafetensorsEntry*>>>
       pairs;
   std::vector<std::string> missing, mismatched;
@@ -131,8 +131,8 @@ match(const torch::nn::Module& model, const Folder& f, const std::string& folder
     }
     if (!at::isFloatingType(e.dtype) && e.dtype != tensor.scalar_type())
       mismatched.push_back(name + ": " + it->second.first->path() + " holds " +
-                           c10::toString(e.dtype) + ", the model " +
-                           c10::toString(tensor.scalar_type()));
+                           safetensors_dtype(e.dtype) + ", the model " +
+                           dtype_name(tensor.scalar_type()));
     pairs.emplace_back(tensor, it->second);
   }
   if (!missing.empty() || !mismatched.empty()) {
@@ -145,7 +145,7 @@ match(const torch::nn::Module& model, const Folder& f, const std::string& folder
   std::vector<std::string> unused;
   for (const auto& [name, where] : f.tensors)
     if (!used.count(name)) unused.push_back(name + " (" + where.first->path() + ")");
-  if (!unused.empty())
+  if (!unused.empty() && log)
     spdlog::warn("model.path: {} tensors of {} are not part of the model and are not read:{}",
                  unused.size(), folder, listed(unused));
   return pairs;
@@ -167,13 +167,13 @@ int64_t resident_peak_bytes() { return status_field("VmHWM"); }
 
 void check_hf_weights(const torch::nn::Module& model, const std::string& folder) {
   const Folder f = open_folder(folder);
-  match(model, f, folder);
+  match(model, f, folder, /*log=*/true);
 }
 
 json load_hf_weights(torch::nn::Module& model, const std::string& folder) {
   const auto start = std::chrono::steady_clock::now();
   const Folder f = open_folder(folder);
-  auto pairs = match(model, f, folder);
+  auto pairs = match(model, f, folder, /*log=*/false);  // check_hf_weights() said it
   // In the files' order: each file is read front to back.
   std::map<std::pair<const SafetensorsFile*, int64_t>, size_t> order;
   for (size_t i = 0; i < pairs.size(); ++i)

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -57,6 +58,35 @@ int64_t steps_per_epoch(const RunConfig& config, int64_t train_samples) {
   return (train_samples + batch - 1) / batch;
 }
 
+void check_hf_config(const RunConfig& config, const LoadedCheckpoint& loaded) {
+  if (config.model.name != "hf") return;
+  const nlohmann::json source = loaded.meta.extra.value("init_from", nlohmann::json::object());
+  if (source.value("kind", "") != "hf" || !source.contains("config")) return;
+  const std::string folder = config_path(config, config.model.path);
+  const nlohmann::json now = read_hf_config(folder).json;
+  const nlohmann::json& was = source["config"];
+  // What builds no other model: the file's own bookkeeping, the dtype the weights were saved in
+  // (the run's precision decides the model's), and the generation's special tokens.
+  static const std::set<std::string> kIgnored = {
+      "transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
+      "bos_token_id",         "eos_token_id",  "pad_token_id"};
+  std::string changes;
+  std::set<std::string> keys;
+  for (const auto& [key, value] : now.items()) keys.insert(key);
+  for (const auto& [key, value] : was.items()) keys.insert(key);
+  for (const std::string& key : keys) {
+    if (kIgnored.count(key)) continue;
+    const nlohmann::json a = was.value(key, nlohmann::json()), b = now.value(key, nlohmann::json());
+    if (a != b) changes += "\n  " + key + ": " + a.dump() + " -> " + b.dump();
+  }
+  if (!changes.empty())
+    throw ResumeError(
+        "cannot resume " + loaded.info.path + ": " + folder +
+        "/config.json differs from the one the checkpoint's run started from:" + changes +
+        "\n(the model would be another; restore the config.json, or start a new "
+        "--ckpt directory from this folder)");
+}
+
 void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
                      int64_t steps_per_epoch) {
   RunConfig saved = config_from_json(loaded.meta.config);
@@ -69,6 +99,7 @@ void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
                       "\n(extending train.epochs is allowed; otherwise use a new --ckpt "
                       "directory)");
   }
+  check_hf_config(config, loaded);
   // Lowering train.epochs below the checkpoint would "finish" at once with a step past the
   // total and no final checkpoint of the shorter run: there is no such run to finish.
   const CheckpointMeta& meta = loaded.meta;

@@ -31,9 +31,16 @@ int64_t steps_per_epoch(const RunConfig& config, int64_t train_samples);
 /// `steps_per_epoch`) than the checkpoint has done, naming the key, the checkpoint's step, the
 /// new total and the fewest epochs that continue it. A total equal to the checkpoint's step (an
 /// end-of-epoch checkpoint of the last epoch) is accepted: the run has nothing left to train and
-/// finishes at once, its final checkpoint being that one.
+/// finishes at once, its final checkpoint being that one. And check_hf_config().
 void check_resumable(const RunConfig& config, const LoadedCheckpoint& loaded,
                      int64_t steps_per_epoch);
+
+/// model.name hf: throws ResumeError (exit 3) when the folder's config.json differs from the
+/// one the checkpoint's run started from (kept in extra.init_from) in a key that builds the model,
+/// naming each key with both values. The folder may have moved (model.path is not a training
+/// key); its weights are not read, but its config.json must be there: the model is built from
+/// it before a checkpoint is chosen.
+void check_hf_config(const RunConfig& config, const LoadedCheckpoint& loaded);
 
 /// Compares the data of this run (`now`) with the fingerprint `loaded` recorded
 /// (data/data_fingerprint.h). Throws ResumeError naming each change (a file added, removed or of

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -368,8 +369,21 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
 DataConfig run_data(const RunConfig& config, bool log) {
   DataConfig data = resolved_data(config, log);
   // A Hugging Face model's token ids are below its config.json's vocab_size.
-  if (config.model.name == "hf" && data.name == "tokens" && data.vocab_size == 0)
-    data.vocab_size = read_hf_config(config_path(config, config.model.path)).vocabulary;
+  if (config.model.name != "hf" || data.name != "tokens") return data;
+  const int64_t vocabulary = read_hf_config(config_path(config, config.model.path)).vocabulary;
+  if (data.vocab_size == 0) data.vocab_size = vocabulary;
+  // A tokenizer of more than 65536 ids writes uint32: read as uint16, its file would train on
+  // halves of ids without a word (an llm.c header names its own width).
+  if (vocabulary > 65536 && data.dtype == "uint16") {
+    int32_t magic = 0;
+    std::ifstream in(data.path, std::ios::binary);
+    const bool read = static_cast<bool>(in.read(reinterpret_cast<char*>(&magic), sizeof magic));
+    if (read && magic != 20240520 && magic != 20240801)
+      throw ConfigError("data.dtype: uint16, but the model's config.json has vocab_size " +
+                        std::to_string(vocabulary) +
+                        ", whose ids need uint32: set data.dtype: "
+                        "uint32 (a token file of uint16 ids cannot hold this tokenizer's)");
+  }
   return data;
 }
 
