@@ -188,6 +188,14 @@ void SafetensorsFile::release(const SafetensorsEntry& entry) const {
     ::madvise(static_cast<char*>(map_) + first, static_cast<size_t>(last - first), MADV_DONTNEED);
 }
 
+void SafetensorsFile::prefetch(const SafetensorsEntry& entry) const {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t first = (data_start_ + entry.begin) / page * page;
+  const int64_t end = data_start_ + entry.end;
+  if (end > first)
+    ::madvise(static_cast<char*>(map_) + first, static_cast<size_t>(end - first), MADV_WILLNEED);
+}
+
 int64_t write_safetensors(const std::string& path, const std::vector<SafetensorsSpec>& specs,
                           const std::function<at::Tensor(size_t index)>& values,
                           const std::map<std::string, std::string>& metadata) {

@@ -59,6 +59,9 @@ class SafetensorsFile {
   /// Drops the pages of `entry` from this process's resident set (madvise MADV_DONTNEED: the
   /// page cache keeps them), so that reading a model tensor by tensor never holds the file.
   void release(const SafetensorsEntry& entry) const;
+  /// Asks the kernel to read the pages of `entry` ahead (madvise MADV_WILLNEED), so that a copy
+  /// of the tensor before it overlaps the disk's reading of this one.
+  void prefetch(const SafetensorsEntry& entry) const;
 
  private:
   std::string path_;

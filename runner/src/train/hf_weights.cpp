@@ -193,10 +193,18 @@ json load_hf_weights(torch::nn::Module& model, const std::string& folder) {
   int64_t bytes = 0;
   {
     c10::NoGradGuard no_grad;
-    for (const auto& [key, i] : order) {
+    std::vector<size_t> in_order;
+    for (const auto& [key, i] : order) in_order.push_back(i);
+    if (!in_order.empty())
+      pairs[in_order[0]].second.first->prefetch(*pairs[in_order[0]].second.second);
+    for (size_t k = 0; k < in_order.size(); ++k) {
+      const size_t i = in_order[k];
       at::Tensor& to = pairs[i].first;
       const SafetensorsFile& file = *pairs[i].second.first;
       const SafetensorsEntry& entry = *pairs[i].second.second;
+      // The next tensor's pages are read while this one is copied.
+      if (k + 1 < in_order.size())
+        pairs[in_order[k + 1]].second.first->prefetch(*pairs[in_order[k + 1]].second.second);
       to.copy_(file.view(entry));  // converts the dtype, and copies to the device
       file.release(entry);
       bytes += entry.end - entry.begin;
