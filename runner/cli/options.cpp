@@ -41,7 +41,7 @@ const std::vector<OptionSpec>& option_table() {
     {kPlan, "estimate-only", T::kFlag, "", "", "plan: build the model without its weights and run nothing: the estimate alone (automatic when the weights do not fit here)"},
     {kQueue, "dir", T::kString, "DIR", "", "queue: the queue's directory (its state, and each run's checkpoints in DIR/runs/NAME); the same command continues it"},
     {kQueue, "parallel", T::kInt, "N", "1", "queue: train N runs at once (one CUDA device each; on CPU the threads are split)"},
-    {kExport, "to", T::kString, "PATH", "", "export: where the newest complete checkpoint's model goes: a FILE for --format pt (an existing file is replaced; a directory is refused), a new or empty DIR for hf and peft"},
+    {kExport, "to", T::kString, "PATH", "", "export: FILE (an existing file is replaced, a directory refused) for the newest complete checkpoint's model; with --format hf or peft a new or empty DIR"},
     {kExport, "format", T::kString, "F", "pt", "export: pt (a torch.save state_dict), hf (a Hugging Face model folder: config.json and safetensors, for a model.name hf run) or peft (a LoRA run's adapter for PEFT)"},
     {kExport, "max-shard-size", T::kString, "SIZE", "5GB", "export --format hf: the largest safetensors file; a larger model is cut into shards listed by model.safetensors.index.json, as save_pretrained does"},
     {kExport, "dtype", T::kString, "D", "", "export --format hf|peft: float32, bfloat16 or float16 (default: hf the input folder's, peft float32)"},
