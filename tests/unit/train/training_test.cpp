@@ -357,7 +357,8 @@ TEST(Registry, UnknownModelNamesTheRegisteredOnes) {
     registry.make_model(c, {1, 28, 28}, 10);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("registered: cnn, gpt, hf, mlp, resnet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("registered: cnn, gpt, hf, mlp, resnet"),
+              std::string::npos)
         << e.what();
   }
 }
