@@ -263,9 +263,8 @@ TORCH_MODULE(Body);
 /// are truncated) -> [B, T, hidden].
 class EmbedImpl : public nn::Module {
  public:
-  EmbedImpl(nn::Embedding embedding, int64_t vocabulary)
-      : embedding_(register_module("embed_tokens", std::move(embedding))),
-        vocabulary_(vocabulary) {}
+  explicit EmbedImpl(nn::Embedding embedding)
+      : embedding_(register_module("embed_tokens", std::move(embedding))) {}
   at::Tensor forward(at::Tensor ids) {
     if (ids.is_floating_point()) ids = ids.to(at::kLong);
     TORCH_CHECK(ids.dim() == 2, "hf: expected token ids [batch, time], got ", ids.sizes());
@@ -274,7 +273,6 @@ class EmbedImpl : public nn::Module {
 
  private:
   nn::Embedding embedding_;
-  int64_t vocabulary_;
 };
 TORCH_MODULE(Embed);
 
@@ -365,7 +363,7 @@ std::shared_ptr<SegmentedModel> make_hf(const ModelConfig& config,
   if (!c.tie_word_embeddings)
     lm_head = model->register_module(
         "lm_head", linear(c.hidden, c.vocabulary, /*bias=*/false, c.initializer_range));
-  model->add_segment_over("embed", nn::Sequential(Embed(body->embed_tokens, c.vocabulary)));
+  model->add_segment_over("embed", nn::Sequential(Embed(body->embed_tokens)));
   for (int64_t i = 0; i < c.layers; ++i)
     model->add_segment_over("layer" + std::to_string(i),
                             nn::Sequential(body->decoder[static_cast<size_t>(i)]));

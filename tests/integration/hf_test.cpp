@@ -120,12 +120,11 @@ class Hf : public testing::Test {
 };
 
 /// One epoch whose learning rate moves no weight: gpurun's eval_loss is transformers' loss.
-void expect_forward_matches(Hf& test, const std::string& model, const std::string& config,
+void expect_forward_matches(const std::string& model, const std::string& config,
                             const std::string& ckpt, const std::string& what) {
   const Result run =
       run_gpurun(with_sets({config, "--ckpt", ckpt}, {"optim.name=sgd", "optim.lr=1e-30"}));
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  (void)test;
   const std::string val = stdfs::path(config).parent_path() / "val.bin";
   expect_relative(last_eval_loss(ckpt), reference_loss(model, val), 1e-5, what);
 }
@@ -147,7 +146,7 @@ TEST_F(Hf, EveryArchitecturesEvalLossIsTransformersLoss) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string m = model(c.name, c.args);
-    expect_forward_matches(*this, m, config(m), dir_ / ("ckpt_" + c.name), c.name);
+    expect_forward_matches(m, config(m), dir_ / ("ckpt_" + c.name), c.name);
   }
 }
 
