@@ -35,27 +35,6 @@ const char* const kCompanionFiles[] = {
     "merges.txt",          "generation_config.json",
     "chat_template.jinja", "chat_template.json"};  // transformers 5 keeps the template apart
 
-c10::ScalarType dtype_of_name(const std::string& name) {
-  if (name == "float32" || name == "float") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16" || name == "half") return at::kHalf;
-  return at::kFloat;
-}
-
-std::string name_of_dtype(c10::ScalarType t) {
-  if (t == at::kBFloat16) return "bfloat16";
-  if (t == at::kHalf) return "float16";
-  return "float32";
-}
-
-/// "model.layers.0.self_attn.q_proj.lora_A" -> "model.layers.0.self_attn.q_proj".
-std::string layer_of(const std::string& name, const std::string& suffix) {
-  if (name.size() <= suffix.size() ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return "";
-  return name.substr(0, name.size() - suffix.size());
-}
-
 std::string last_part(const std::string& dotted) {
   const size_t dot = dotted.rfind('.');
   return dot == std::string::npos ? dotted : dotted.substr(dot + 1);
@@ -145,7 +124,7 @@ std::string export_hf(const LoadedCheckpoint& checkpoint, const std::string& to,
   const auto& tensors = weights.tensors();
   const c10::ScalarType out_dtype =
       options.dtype ? *options.dtype
-                    : (peft ? at::kFloat : dtype_of_name(source.value("dtype", "float32")));
+                    : (peft ? at::kFloat : hf_dtype(source.value("dtype", "float32")));
   FolderWriter folder(to);
 
   // What is written: (output name, index of the values, and for a merged weight its adapters).
@@ -240,7 +219,7 @@ std::string export_hf(const LoadedCheckpoint& checkpoint, const std::string& to,
                           {"revision", nullptr}};
     fs::replace_file(folder.path("adapter_config.json"), adapter.dump(2) + "\n");
     written = "a PEFT LoRA adapter (" + std::to_string(items.size()) + " tensors, r " +
-              std::to_string(lora.rank) + ", " + name_of_dtype(out_dtype) + ")";
+              std::to_string(lora.rank) + ", " + hf_dtype_name(out_dtype) + ")";
   } else {
     // Shards in order, each at most max_shard_bytes unless one tensor is larger, as
     // save_pretrained cuts them.
@@ -276,14 +255,14 @@ std::string export_hf(const LoadedCheckpoint& checkpoint, const std::string& to,
           json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}).dump(2) + "\n");
     fs::replace_file(
         folder.path("config.json"),
-        hf_config_with_dtype(source["config"], name_of_dtype(out_dtype)).dump(2) + "\n");
+        hf_config_with_dtype(source["config"], hf_dtype_name(out_dtype)).dump(2) + "\n");
     const std::string input = source.value("path", "");
     for (const char* file : kCompanionFiles)
       if (!input.empty() && fs::exists(input + "/" + file))
         fs::replace_file(folder.path(file), fs::read_file(input + "/" + file));
     written = "a Hugging Face model folder (" + std::to_string(items.size()) + " tensors in " +
               std::to_string(shards.size()) + " safetensors file" +
-              (shards.size() == 1 ? "" : "s") + ", " + name_of_dtype(out_dtype) +
+              (shards.size() == 1 ? "" : "s") + ", " + hf_dtype_name(out_dtype) +
               (options.merge_lora ? ", LoRA merged" : "") + ")";
   }
   folder.commit();

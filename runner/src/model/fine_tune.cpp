@@ -48,13 +48,6 @@ const std::string* unmatched_pattern(const std::vector<std::string>& patterns,
 }
 
 /// The layer of `name` when it ends in `suffix` ("a.b.lora_A", ".lora_A" -> "a.b"), else "".
-std::string layer_of(const std::string& name, const std::string& suffix) {
-  return name.size() > suffix.size() &&
-                 name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
-             ? name.substr(0, name.size() - suffix.size())
-             : std::string();
-}
-
 /// One adapted Linear layer.
 struct Adapter {
   torch::nn::LinearImpl* linear;  ///< owned by the model, which owns the prologue holding us
@@ -101,6 +94,13 @@ ParameterCounts count_parameters(const torch::nn::Module& model) {
     if (p.requires_grad()) c.trainable += p.numel();
   }
   return c;
+}
+
+std::string layer_of(const std::string& name, const std::string& suffix) {
+  return name.size() > suffix.size() &&
+                 name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+             ? name.substr(0, name.size() - suffix.size())
+             : std::string();
 }
 
 bool is_lora_adapter(const std::string& name) {

@@ -36,6 +36,10 @@ ParameterCounts count_parameters(const torch::nn::Module& model);
 /// `*` and `?` also match dots, so "block0.*" covers every parameter under block0.
 bool name_matches(const std::string& pattern, const std::string& name);
 
+/// `name` without `suffix` ("model.layers.0.q_proj.lora_A", ".lora_A" -> "model.layers.0.q_proj"),
+/// or "" when `name` does not end in it (or is nothing else).
+std::string layer_of(const std::string& name, const std::string& suffix);
+
 /// Whether `name` is one of the parameters add_lora_adapters() registers: "<layer>.lora_A" or
 /// "<layer>.lora_B".
 bool is_lora_adapter(const std::string& name);

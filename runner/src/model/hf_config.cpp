@@ -194,6 +194,28 @@ HfConfig read_hf_config(const std::string& folder) {
   return c;
 }
 
+std::string hf_dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Half:
+      return "float16";
+    case c10::ScalarType::Double:
+      return "float64";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+c10::ScalarType hf_dtype(const std::string& name) {
+  if (name == "bfloat16") return c10::ScalarType::BFloat16;
+  if (name == "float16" || name == "half") return c10::ScalarType::Half;
+  if (name == "float64") return c10::ScalarType::Double;
+  return c10::ScalarType::Float;
+}
+
 bool hf_folder_has_weights(const std::string& folder) {
   return fs::exists(folder + "/model.safetensors") ||
          fs::exists(folder + "/model.safetensors.index.json");

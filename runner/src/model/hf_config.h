@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 namespace gpurun {
@@ -54,6 +55,11 @@ HfConfig read_hf_config(const std::string& folder);
 
 /// Parses config.json's text; `file` names it in messages. As read_hf_config().
 HfConfig parse_hf_config(const std::string& text, const std::string& file);
+
+/// config.json's dtype word of `dtype` ("float32", "bfloat16", "float16", "float64"; c10's
+/// name for another), and back (float32 for a word it does not know).
+std::string hf_dtype_name(c10::ScalarType dtype);
+c10::ScalarType hf_dtype(const std::string& name);
 
 /// Whether `folder` holds weights: model.safetensors, or model.safetensors.index.json.
 bool hf_folder_has_weights(const std::string& folder);

@@ -16,6 +16,8 @@
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "model/fine_tune.h"
+#include "model/hf_config.h"
+#include "train/init_weights.h"
 #include "util/fs.h"
 #include "util/hash.h"
 
@@ -23,34 +25,6 @@ namespace gpurun {
 namespace {
 
 using json = nlohmann::json;
-
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-      return "float32";
-    case c10::ScalarType::BFloat16:
-      return "bfloat16";
-    case c10::ScalarType::Half:
-      return "float16";
-    case c10::ScalarType::Double:
-      return "float64";
-    default:
-      return c10::toString(t);
-  }
-}
-
-std::string listed(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size() && i < 12; ++i) out += "\n  " + items[i];
-  if (items.size() > 12) out += "\n  ... (" + std::to_string(items.size()) + " in all)";
-  return out;
-}
 
 /// The folder's safetensors files, opened and checked, and where each tensor is.
 struct Folder {
@@ -132,7 +106,7 @@ match(const torch::nn::Module& model, const Folder& f, const std::string& folder
     if (!at::isFloatingType(e.dtype) && e.dtype != tensor.scalar_type())
       mismatched.push_back(name + ": " + it->second.first->path() + " holds " +
                            safetensors_dtype(e.dtype) + ", the model " +
-                           dtype_name(tensor.scalar_type()));
+                           hf_dtype_name(tensor.scalar_type()));
     pairs.emplace_back(tensor, it->second);
   }
   if (!missing.empty() || !mismatched.empty()) {
@@ -220,7 +194,7 @@ json load_hf_weights(torch::nn::Module& model, const std::string& folder) {
   return {{"path", folder},
           {"files", files},
           {"header_xxh3", headers.hex()},
-          {"dtype", dtype_name(dtype)},
+          {"dtype", hf_dtype_name(dtype)},
           {"loaded", static_cast<int64_t>(pairs.size())},
           {"bytes", bytes},
           {"seconds", seconds},

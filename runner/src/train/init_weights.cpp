@@ -24,11 +24,9 @@ nlohmann::json InitialWeights::to_json() const {
           {"unused", unused}};
 }
 
-namespace {
-
-std::string shape_of(const at::Tensor& t) {
+std::string shape_text(c10::IntArrayRef shape) {
   std::string out = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
 
@@ -38,8 +36,6 @@ std::string listed(const std::vector<std::string>& items) {
   if (items.size() > 12) out += "\n  ... (" + std::to_string(items.size()) + " in all)";
   return out;
 }
-
-}  // namespace
 
 InitialWeights load_initial_weights(torch::nn::Module& model, const std::string& path,
                                     bool strict) {
@@ -69,8 +65,8 @@ InitialWeights load_initial_weights(torch::nn::Module& model, const std::string&
     if (it == by_name.end()) {
       if (!is_lora_adapter(name)) missing.push_back(name);
     } else if (it->second.sizes() != tensor.sizes()) {
-      mismatched.push_back(name + ": the file has " + shape_of(it->second) + ", the model " +
-                           shape_of(tensor));
+      mismatched.push_back(name + ": the file has " + shape_text(it->second.sizes()) +
+                           ", the model " + shape_text(tensor.sizes()));
     } else {
       copies.emplace_back(tensor, it->second);
     }
@@ -79,7 +75,7 @@ InitialWeights load_initial_weights(torch::nn::Module& model, const std::string&
   bool lora_file = false;
   for (const auto& [name, tensor] : file) {
     if (!by_name.count(name)) continue;
-    result.unused.push_back(name + " " + shape_of(tensor));
+    result.unused.push_back(name + " " + shape_text(tensor.sizes()));
     lora_file = lora_file || is_lora_adapter(name);
   }
   result.not_loaded = mismatched;

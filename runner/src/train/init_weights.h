@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/ArrayRef.h>
 #include <nlohmann/json_fwd.hpp>
 
 namespace torch::nn {
@@ -31,6 +32,11 @@ struct InitialWeights {
 /// be in the file with its shape, and the file must hold nothing else; otherwise throws ConfigError
 /// (exit 2) naming the keys, and the model is unchanged. Not strict: loads what matches and lists
 /// the rest in the result. Throws ConfigError when the file cannot be read or is not such a dict.
+/// "[3, 4]": a shape in messages.
+std::string shape_text(c10::IntArrayRef shape);
+/// The first 12 of `items`, one an indented line each, then how many there are in all.
+std::string listed(const std::vector<std::string>& items);
+
 InitialWeights load_initial_weights(torch::nn::Module& model, const std::string& path, bool strict);
 
 }  // namespace gpurun
