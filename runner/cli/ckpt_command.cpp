@@ -12,8 +12,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/shard_index.h"
-#include "checkpoint/store.h"
+#include "checkpoint/format/shard_index.h"
+#include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
 #include "util/text.h"
 
@@ -338,10 +338,11 @@ int ckpt_command(const std::string& action, const std::string& dir, bool as_json
     throw ConfigError("unknown ckpt command '" + action + "'; expected list, verify or inspect");
   }
   std::error_code ec;
-  if (!stdfs::exists(dir, ec)) {
+  if (is_object_root(dir)) {
+    open_storage(dir);  // settings and credentials: a ConfigError names what is missing
+  } else if (!stdfs::exists(dir, ec)) {
     throw ConfigError("gpurun ckpt " + action + ": no such directory: " + dir);
-  }
-  if (!stdfs::is_directory(dir, ec)) {
+  } else if (!stdfs::is_directory(dir, ec)) {
     throw ConfigError("gpurun ckpt " + action + ": not a directory: " + dir);
   }
   if (action == "list") return list(CheckpointView(dir), as_json, out);

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 
 namespace gpurun {
 

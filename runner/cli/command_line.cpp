@@ -252,6 +252,7 @@ Command parse_command_line(int argc, const char* const argv[]) {
   if (r.count("run-dir")) cmd.run.run_dir = r["run-dir"].as<std::string>();
   cmd.run.resume = r.count("resume") > 0;
   cmd.run.force = r.count("force") > 0;
+  cmd.run.no_lease = r.count("no-lease") > 0;
   cmd.run.allow_data_change = r.count("allow-data-change") > 0;
   LaunchRequest& launch = cmd.launch;
   launch.max_restarts = r["max-restarts"].as<int>();

@@ -6,10 +6,11 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/export_state.h"
-#include "checkpoint/hf_export.h"
-#include "checkpoint/store.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/format/export_state.h"
+#include "checkpoint/format/hf_export.h"
+#include "checkpoint/format/train_state.h"
+#include "checkpoint/storage/store.h"
 #include "cli/ckpt_command.h"
 #include "gpurun/config.h"
 #include "gpurun/errors.h"
@@ -139,13 +140,25 @@ std::string torchscript_source(const CheckpointMeta& meta) {
   return model.value("torchscript", "");  // written before model_source was recorded
 }
 
+/// `chosen` where the loaders can read it: itself on a file system; a bucket's checkpoint
+/// fetched first (its files verified as they arrive) into this machine's folder of the root
+/// (Checkpointer::default_run_dir()/export).
+LoadedCheckpoint on_local_disk(LoadedCheckpoint chosen) {
+  if (!is_object_root(chosen.info.path)) return chosen;
+  const auto [root, name] = split_folder_path(chosen.info.path);
+  CheckpointStore staging(Checkpointer::default_run_dir(root) + "/export", 1);
+  spdlog::info("fetching {} into {}", chosen.info.path, staging.dir());
+  staging.copy_from(*open_storage(root), name);
+  return CheckpointStore::load(staging.storage()->path(name));
+}
+
 }  // namespace
 
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
                    bool merge_lora, std::optional<int64_t> step, const std::string& format,
                    const std::string& dtype, int64_t max_shard_bytes) {
   std::error_code ec;
-  if (!stdfs::is_directory(ckpt_dir, ec))
+  if (!is_object_root(ckpt_dir) && !stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
   if (to.empty()) throw ConfigError("gpurun export: --to must not be empty");
   if (format == "hf" || format == "peft") {
@@ -156,7 +169,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     if (dtype == "float32") options.dtype = at::kFloat;
     if (dtype == "bfloat16") options.dtype = at::kBFloat16;
     if (dtype == "float16") options.dtype = at::kHalf;
-    out << export_hf(choose(ckpt_dir, step), to, options);
+    out << export_hf(on_local_disk(choose(ckpt_dir, step)), to, options);
     return kExitOk;
   }
   // An existing file is replaced (atomically); a directory never is: the rename would fail
@@ -169,7 +182,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
                       " does not exist");
 
-  const LoadedCheckpoint checkpoint = choose(ckpt_dir, step);
+  const LoadedCheckpoint checkpoint = on_local_disk(choose(ckpt_dir, step));
   const CheckpointMeta& meta = checkpoint.meta;
   const std::string module = torchscript_source(meta);
   if (!meta.sharded_optimizer.is_null() && !merge_lora && module.empty()) {

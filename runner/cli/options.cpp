@@ -24,6 +24,7 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "run-dir", T::kString, "DIR", "", "where metrics.jsonl and status.json go (default: the --ckpt directory)"},
     {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
+    {kRun, "no-lease", T::kFlag, "", "", "write checkpoints without holding the directory's lease: only where the storage cannot hold one (an S3 server that ignores conditional writes) and no other run can write there"},
     {kRun, "allow-data-change", T::kFlag, "", "", "resume although the data's files or sample counts changed since the checkpoint (a warning and a data_change event instead of exit 3)"},
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
     {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
 #include "queue/queue_state.h"
 #include "queue/queue_summary.h"

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "checkpoint/async_writer.h"
-#include "checkpoint/state_copy.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/state_copy.h"
+#include "checkpoint/format/train_state.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 // logs. Input: the bytes of DIR/lease.json.
 #include <chrono>
 
-#include "checkpoint/lease_holder.h"
+#include "checkpoint/storage/lease_holder.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 #include "fuzz_util.h"
 #include "gpurun/config.h"
 

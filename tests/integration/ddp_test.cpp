@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/train_state.h"
 #include "distributed/worker_env.h"
 #include "integration/harness.h"
 #include "integration/weights.h"

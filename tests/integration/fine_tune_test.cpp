@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "builtin.h"
-#include "checkpoint/pickle.h"
+#include "checkpoint/format/pickle.h"
 #include "gpurun/config.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"

@@ -16,7 +16,7 @@
 
 #include <ATen/ops/randn.h>
 
-#include "checkpoint/safetensors.h"
+#include "checkpoint/format/safetensors.h"
 #include "integration/harness.h"
 #include "util/fs.h"
 

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/train_state.h"
 #include "integration/harness.h"
 
 namespace gpurun::test {

@@ -9,7 +9,7 @@
 #include <ATen/ops/sub.h>
 #include <ATen/ops/sum.h>
 
-#include "checkpoint/pickle.h"
+#include "checkpoint/format/pickle.h"
 #include "integration/harness.h"
 
 namespace gpurun::test {

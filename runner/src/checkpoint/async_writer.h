@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 
 namespace gpurun {
 

@@ -1,5 +1,9 @@
 #include "checkpoint/checkpointer.h"
 
+#include <cstdlib>
+
+#include "checkpoint/storage/checkpoint_storage.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,12 +16,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/folder.h"
+#include "checkpoint/format/folder.h"
+#include "checkpoint/format/state_copy.h"
+#include "checkpoint/format/train_state.h"
 #include "checkpoint/interval.h"
-#include "checkpoint/lease.h"
-#include "checkpoint/state_copy.h"
+#include "checkpoint/storage/lease.h"
 #include "checkpoint/tier_copy.h"
-#include "checkpoint/train_state.h"
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"
 #include "report/reporter.h"
@@ -49,15 +53,49 @@ std::optional<int64_t> network_newest_step(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+// $XDG_CACHE_HOME/gpurun (default ~/.cache/gpurun): this machine's folders of s3:// runs.
+std::string cache_dir() {
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base =
+      cache && *cache ? cache : std::string(home && *home ? home : "/tmp") + "/.cache";
+  return base + "/gpurun";
+}
+
+// "exp1-1a2b3c4d" for s3://bucket/runs/exp1.
+std::string object_root_key(const std::string& ckpt_dir) {
+  return split_folder_path(ckpt_dir).second + "-" + xxh3_hex(ckpt_dir).substr(0, 8);
+}
+
+}  // namespace
+
+std::string Checkpointer::local_tier_root(const RunConfig& config, const std::string& ckpt_dir) {
+  const std::string& dir = config.checkpoint.local_dir;
+  if (dir == kNoLocalTier) return "";
+  if (!dir.empty() || !is_object_root(ckpt_dir)) return dir;
+  // A bucket is reached over the network: a save lands on the local disk first, as fast as a
+  // local save, and is uploaded behind training (docs/architecture.md, "Object storage").
+  return cache_dir() + "/tiers";
+}
+
+std::string Checkpointer::default_run_dir(const std::string& ckpt_dir) {
+  if (!is_object_root(ckpt_dir)) return ckpt_dir;
+  return cache_dir() + "/runs/" + object_root_key(ckpt_dir);
+}
+
 std::string Checkpointer::local_tier_dir(const RunConfig& config, const std::string& ckpt_dir) {
-  if (config.checkpoint.local_dir.empty()) return "";
+  const std::string root = local_tier_root(config, ckpt_dir);
+  if (root.empty()) return "";
+  if (is_object_root(ckpt_dir)) return (stdfs::path(root) / object_root_key(ckpt_dir)).string();
   std::error_code ec;
   // Through symlinks: one --ckpt reached by two paths keeps one local tier.
   stdfs::path ckpt = stdfs::weakly_canonical(stdfs::absolute(ckpt_dir, ec), ec);
   if (ec) ckpt = stdfs::absolute(ckpt_dir, ec).lexically_normal();
   if (ckpt.filename().empty()) ckpt = ckpt.parent_path();
   const std::string key = ckpt.filename().string() + "-" + xxh3_hex(ckpt.string()).substr(0, 8);
-  return (stdfs::path(config.checkpoint.local_dir) / key).string();
+  return (stdfs::path(root) / key).string();
 }
 
 Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, Reporter& reporter,
@@ -68,7 +106,7 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
       comm_(comm),
       rank_(comm ? comm->rank() : 0),
       store_(options_.ckpt_dir, config.checkpoint.keep_last),
-      local_(config.checkpoint.local_dir.empty()
+      local_(local_tier_root(config, options_.ckpt_dir).empty()
                  ? nullptr
                  : std::make_unique<CheckpointStore>(local_tier_dir(config, options_.ckpt_dir),
                                                      config.checkpoint.local_keep_last)),
@@ -98,20 +136,26 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::check_writable(const std::string& dir, const std::string& what) {
-  try {
-    probe_writable(dir);
-  } catch (const IoError& e) {
-    throw ConfigError((what == "--ckpt" ? "checkpoint directory " : what + " ") + dir +
-                      " cannot be written (" + e.what() + "); choose a " + what +
-                      " directory where files can be created");
-  }
+  open_storage(dir)->check_writable(what);
 }
 
 void Checkpointer::claim_directory() {
   if (rank_ != 0) return;
-  check_writable(options_.ckpt_dir);
+  store_.storage()->check_writable("--ckpt");
   try {
-    lease_ = Lease::acquire(options_.ckpt_dir, config_.checkpoint.lease_timeout, options_.force);
+    if (options_.no_lease) {
+      spdlog::warn(
+          "--no-lease: writing checkpoints into {} without its lease; nothing keeps a "
+          "second run from writing there too",
+          options_.ckpt_dir);
+    } else if (const std::string problem = store_.storage()->lease_problem(); !problem.empty()) {
+      throw ConfigError("cannot hold the lease of " + options_.ckpt_dir + ": " + problem +
+                        ", so two runs could both believe they hold it; this run does not "
+                        "start. Use a server that enforces them, or --no-lease where no other "
+                        "run can write there");
+    } else {
+      lease_ = Lease::acquire(store_.storage(), config_.checkpoint.lease_timeout, options_.force);
+    }
   } catch (const IoError& e) {
     throw ConfigError("cannot hold the lease of " + options_.ckpt_dir + " (" + e.what() +
                       "); without it two runs could write into one checkpoint directory, so "
@@ -131,6 +175,17 @@ void Checkpointer::claim_directory() {
                       " holds checkpoints of an earlier run with --ckpt " + options_.ckpt_dir +
                       " (" + local_->list(false).back().name +
                       "); continue them with --resume, or remove that folder to start fresh");
+}
+
+std::optional<CheckpointInfo> Checkpointer::newest_saved() const {
+  std::optional<CheckpointInfo> newest;
+  for (const CheckpointStore* store : std::vector<const CheckpointStore*>{&store_, local_.get()}) {
+    if (!store) continue;
+    const std::vector<CheckpointInfo> infos = store->list(/*verify=*/false);
+    const CheckpointInfo* info = CheckpointView::newest_complete(infos);
+    if (info && (!newest || info->global_step > newest->global_step)) newest = *info;
+  }
+  return newest;
 }
 
 std::string Checkpointer::not_saved(std::optional<int64_t> reached) const {

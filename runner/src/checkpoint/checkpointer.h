@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "checkpoint/async_writer.h"
-#include "checkpoint/pickle.h"  // NamedTensors
-#include "checkpoint/store.h"
+#include "checkpoint/format/pickle.h"  // NamedTensors
+#include "checkpoint/storage/store.h"
 #include "gpurun/config.h"
 
 namespace torch {
@@ -42,6 +42,9 @@ struct CheckpointOptions {
   std::string ckpt_dir;  ///< the checkpoint root (--ckpt)
   bool resume = false;   ///< --resume: continue from the newest complete checkpoint, if any
   bool force = false;    ///< --force: take the directory's lease at once, even from a live run
+  /// --no-lease: write without the lease, where the storage cannot hold one (an S3 server that
+  /// ignores conditional writes); the user vouches that no other run writes there.
+  bool no_lease = false;
 };
 
 class Checkpointer {
@@ -62,7 +65,19 @@ class Checkpointer {
   /// `what` names the directory in the message ("--ckpt", "checkpoint.local_dir").
   static void check_writable(const std::string& dir, const std::string& what = "--ckpt");
 
-  /// The local tier of a run (checkpoint.local_dir set, else ""): a folder of local_dir named
+  /// Where metrics.jsonl and status.json go without --run-dir: the checkpoint directory, or for
+  /// an s3:// root a folder of this machine named after it,
+  /// $XDG_CACHE_HOME/gpurun/runs/<last prefix component>-<8 hex digits of xxh3(URL)>.
+  static std::string default_run_dir(const std::string& ckpt_dir);
+
+  /// checkpoint.local_dir's word for "no local tier" (an s3:// root has one by default).
+  static constexpr const char* kNoLocalTier = "none";
+
+  /// Where the local tiers of this machine go: checkpoint.local_dir; for an s3:// --ckpt
+  /// without it, $XDG_CACHE_HOME/gpurun/tiers (default ~/.cache/gpurun/tiers); "" for none.
+  static std::string local_tier_root(const RunConfig& config, const std::string& ckpt_dir);
+
+  /// The local tier of a run (local_tier_root() set, else ""): a folder of it named
   /// after --ckpt, LOCAL_DIR/<basename of DIR>-<8 hex digits of xxh3(absolute DIR)>, so that
   /// runs sharing one local disk never share a tier, and a restart on the same machine finds
   /// its own.
@@ -153,6 +168,11 @@ class Checkpointer {
   /// The checkpoint roots of this run: --ckpt, then the local tier when there is one.
   std::vector<std::string> tier_dirs() const;
 
+  /// The newest complete checkpoint of any tier, by its manifest and its files' sizes (quick,
+  /// no checksums: these are this run's own); nullopt when there is none. Throws IoError when a
+  /// tier cannot be read.
+  std::optional<CheckpointInfo> newest_saved() const;
+
   /// The end of a run that trained up to `global_step`: drains, then makes sure that the
   /// state after `global_step` is in a complete checkpoint, in the network tier too when
   /// there is a local one (the copy is retried up to checkpoint.max_failures times). Otherwise
@@ -196,6 +216,12 @@ class Checkpointer {
   /// This rank's shard copy, reused from save to save (shared_ptr: a complete type where made).
   std::shared_ptr<HostShardCopy> shard_copy_;
   std::optional<LoadedCheckpoint> load_newest_of_tiers(bool verify);
+  /// Copies the newest checkpoint of a bucket --ckpt newer than `local_step` into `into` (the
+  /// local tier) (CheckpointStore::copy_from(): verified as it arrives), setting aside those that
+  /// fail.
+  void fetch_from_network(CheckpointStore& into, int64_t local_step);
+  /// Where a resume from a bucket without a local tier fetches its checkpoint, or null.
+  std::unique_ptr<CheckpointStore> staging_;
   /// Whether the checkpoint folder `path` is one of the local tier's.
   bool in_local_tier(const std::string& path) const;
   void report_copies();

@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/folder.h"
+#include "checkpoint/format/folder.h"
 #include "checkpoint/tier_copy.h"
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"
@@ -24,9 +24,36 @@ std::vector<std::string> Checkpointer::tier_dirs() const {
   return dirs;
 }
 
+void Checkpointer::fetch_from_network(CheckpointStore& into, int64_t local_step) {
+  // Newest first, as load_latest() takes them: a checkpoint whose bytes do not match its
+  // manifest as they arrive is set aside in the bucket, and the previous one fetched.
+  const std::vector<CheckpointInfo> infos = store_.list(/*verify=*/false);
+  for (auto it = infos.rbegin(); it != infos.rend() && it->global_step > local_step; ++it) {
+    std::string problem = it->problem;
+    if (problem.empty()) {
+      try {
+        spdlog::info("fetching {} into {}", it->path, into.dir());
+        const SaveResult fetched = into.copy_from(*store_.storage(), it->name);
+        spdlog::info("fetched {} ({} bytes in {:.1f} s)", it->name, fetched.bytes,
+                     fetched.write_seconds);
+        return;
+      } catch (const ResumeError& e) {
+        problem = e.what();
+      }
+    }
+    store_.set_aside_damaged(*it, problem);
+  }
+}
+
 std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) {
-  const int64_t local_step = local_->view().newest_complete_step(),
-                network_step = store_.view().newest_complete_step();
+  int64_t local_step = local_->view().newest_complete_step();
+  // The loaders read a checkpoint's files in place: one in a bucket is brought to the local
+  // disk first, its files verified as they arrive.
+  if (!store_.storage()->is_local() && store_.view().newest_complete_step() > local_step) {
+    fetch_from_network(*local_, local_step);
+    local_step = local_->view().newest_complete_step();
+  }
+  const int64_t network_step = store_.view().newest_complete_step();
   // The newer tier first, the local one on a tie; the other only when the first falls back
   // (past damaged checkpoints, which each tier sets aside on its own) to an older step.
   CheckpointStore* order[2] = {local_.get(), &store_};
@@ -39,6 +66,7 @@ std::optional<LoadedCheckpoint> Checkpointer::load_newest_of_tiers(bool verify) 
   std::string errors;
   for (int i = 0; i < 2; ++i) {
     if (best && best->meta.global_step >= steps[i]) break;
+    if (!order[i]->storage()->is_local()) continue;  // fetched above, or none newer
     try {
       std::optional<LoadedCheckpoint> loaded = order[i]->load_latest(verify);
       if (loaded && (!best || loaded->meta.global_step > best->meta.global_step))
@@ -73,8 +101,20 @@ std::optional<LoadedCheckpoint> Checkpointer::choose() {
   // it is damaged (fall_back()). The ranks of a distributed run must all load the same one:
   // rank 0 verifies it before naming it.
   const bool verify = comm_ != nullptr;
-  if (options_.resume && rank_ == 0)
-    loaded = local_ ? load_newest_of_tiers(verify) : store_.load_latest(verify);
+  if (options_.resume && rank_ == 0) {
+    if (local_) {
+      loaded = load_newest_of_tiers(verify);
+    } else if (!store_.storage()->is_local()) {
+      // A bucket without a local tier (checkpoint.local_dir: none): its newest checkpoint is
+      // still fetched to this machine's disk, where the loaders read it.
+      staging_ = std::make_unique<CheckpointStore>(
+          (stdfs::path(default_run_dir(options_.ckpt_dir)) / "resume").string(), 1);
+      fetch_from_network(*staging_, staging_->view().newest_complete_step());
+      loaded = staging_->load_latest(verify);
+    } else {
+      loaded = store_.load_latest(verify);
+    }
+  }
   if (!comm_) return loaded;
   const std::string path = comm_->broadcast(loaded ? loaded->info.path : "");
   if (rank_ != 0 && !path.empty()) {
@@ -93,7 +133,12 @@ bool Checkpointer::in_local_tier(const std::string& path) const {
 std::optional<LoadedCheckpoint> Checkpointer::fall_back(const LoadedCheckpoint& damaged,
                                                         const std::string& problem) {
   if (comm_) throw DamagedCheckpointError(problem);  // verified by choose(): damaged since
-  (in_local_tier(damaged.info.path) ? *local_ : store_).set_aside_damaged(damaged.info, problem);
+  CheckpointStore& tier =
+      in_local_tier(damaged.info.path) ? *local_
+      : staging_ && stdfs::path(damaged.info.path).parent_path() == stdfs::path(staging_->dir())
+          ? *staging_
+          : store_;
+  tier.set_aside_damaged(damaged.info, problem);
   return choose();
 }
 
@@ -107,7 +152,7 @@ void Checkpointer::resumed_from(const std::string& path, int64_t global_step) {
   // storage that hangs never holds up the start.
   if (rank_ != 0) return;
   const bool from_local = in_local_tier(path);
-  (from_local ? *local_ : store_).retain(checkpoint_folder::name_of(path));
+  if (!staging_) (from_local ? *local_ : store_).retain(checkpoint_folder::name_of(path));
   if (local_ && !from_local) local_->retain();
   // The network tier lags behind (it was down, or the copy was cut short): catch it up.
   if (from_local && store_.view().newest_complete_step() < global_step)

@@ -5,9 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/lease.h"
-#include "checkpoint/shard_files.h"
-#include "checkpoint/state_copy.h"
+#include "checkpoint/format/shard_files.h"
+#include "checkpoint/format/state_copy.h"
+#include "checkpoint/storage/lease.h"
 #include "checkpoint/tier_copy.h"
 #include "distributed/collectives.h"
 #include "gpurun/errors.h"

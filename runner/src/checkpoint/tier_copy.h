@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 
 namespace gpurun {
 

@@ -15,8 +15,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/sharded_state.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/sharded_state.h"
+#include "checkpoint/format/train_state.h"
 #include "gpurun/model.h"
 #include "memory/meter.h"
 #include "memory/rank_state.h"

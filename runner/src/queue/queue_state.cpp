@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/fs.h"

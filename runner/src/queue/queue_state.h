@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 
 namespace gpurun {
 

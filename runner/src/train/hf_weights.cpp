@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/safetensors.h"
+#include "checkpoint/format/safetensors.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "model/fine_tune.h"

@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/store.h"
 #include "gpurun/errors.h"
 #include "report/reporter.h"
 
@@ -23,14 +22,9 @@ void record_immediate_stop(int sig, int64_t step, int64_t epoch, int rank,
   if (rank == 0) {
     no_commits = checkpointer.hold_commits(2.0);
     try {
-      // Sizes against the manifests, no checksums: quick, and these are this run's own.
-      for (const std::string& dir : checkpointer.tier_dirs()) {
-        const std::vector<CheckpointInfo> infos = CheckpointView(dir).list(false);
-        const CheckpointInfo* info = CheckpointView::newest_complete(infos);
-        if (info && info->global_step > newest_step) {
-          newest = info->path;
-          newest_step = info->global_step;
-        }
+      if (const std::optional<CheckpointInfo> info = checkpointer.newest_saved()) {
+        newest = info->path;
+        newest_step = info->global_step;
       }
     } catch (const std::exception&) {
       newest.clear();  // the directory cannot be read: say so rather than guess

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/pickle.h"
+#include "checkpoint/format/pickle.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "model/fine_tune.h"

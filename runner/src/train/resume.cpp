@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/train_state.h"
 #include "config/paths.h"
 #include "gpurun/errors.h"
 #include "model/hf_config.h"

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/store.h"
+#include "checkpoint/format/checkpoint_types.h"
 #include "data/data_fingerprint.h"
 #include "gpurun/config.h"
 #include "model/precision.h"

@@ -17,9 +17,9 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/sharded_state.h"
-#include "checkpoint/store.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/checkpoint_types.h"
+#include "checkpoint/format/sharded_state.h"
+#include "checkpoint/format/train_state.h"
 #include "config/paths.h"
 #include "data/data_fingerprint.h"
 #include "data/loader.h"
@@ -482,7 +482,8 @@ void Trainer::stop_if_signalled(std::optional<bool> agreed) {
 }  // namespace detail
 
 std::string run_dir_or_default(const RunOptions& options) {
-  return options.run_dir.empty() ? options.ckpt_dir : options.run_dir;
+  if (!options.run_dir.empty()) return options.run_dir;
+  return Checkpointer::default_run_dir(options.ckpt_dir);
 }
 
 void train(const RunConfig& config, const RunOptions& options, const Registry& registry) {

@@ -16,10 +16,11 @@ class Registry;
 
 /// How the run was started (the command line, not run.yaml).
 struct RunOptions {
-  std::string ckpt_dir;  ///< checkpoint root; required
-  std::string run_dir;   ///< metrics.jsonl, status.json; empty: ckpt_dir
-  bool resume = false;   ///< continue from the newest complete checkpoint if there is one
-  bool force = false;    ///< take the directory's lease at once, even from a live run
+  std::string ckpt_dir;   ///< checkpoint root; required
+  std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
+  bool resume = false;    ///< continue from the newest complete checkpoint if there is one
+  bool force = false;     ///< take the directory's lease at once, even from a live run
+  bool no_lease = false;  ///< write checkpoints without the lease (--no-lease)
   /// Resume although the data changed since the checkpoint (train/resume.h check_data()).
   bool allow_data_change = false;
   std::string device = "auto";  ///< auto | cpu | cuda

@@ -50,8 +50,8 @@ class Trainer {
         data_(session_.data),
         model_(session_.model),
         reporter_(run_dir_or_default(options), rank_ == 0, rank_),
-        checkpointer_(config, {options.ckpt_dir, options.resume, options.force}, reporter_,
-                      comm_.get()),
+        checkpointer_(config, {options.ckpt_dir, options.resume, options.force, options.no_lease},
+                      reporter_, comm_.get()),
         trace_(rank_),
         peaks_(*session_.meter) {}
 

@@ -15,7 +15,9 @@
 //             shard_write (a sharded save: every rank, after the first section of its shard
 //             file is written; N = shard writes started by this process) | before_manifest
 //             (a sharded save, rank 0: every file but the manifest is in the temporary
-//             folder; N = saves started, as before_rename's)
+//             folder; N = saves started, as before_rename's) | s3_upload (an upload to an
+//             s3:// root took in another 8 MiB, its parts in flight; N = 8 MiB pieces taken in
+//             by this process's uploads)
 //     N       a count, or * for every occurrence
 //
 // Faults fire only in processes whose GPURUN_RESTART_COUNT is listed in GPURUN_FAULT_RESTART

@@ -1,5 +1,5 @@
 // gpurun::Lease on real files, with real processes (fork) as the other holders.
-#include "checkpoint/lease.h"
+#include "checkpoint/storage/lease.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/store.h"
+#include "checkpoint/storage/store.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
 #include "util/fs.h"

@@ -1,7 +1,7 @@
 // model.pt and trainer.pt read back (checkpoint/pickle.h) when the archive and its pickle
 // disagree. The fuzz target (tests/fuzz/pickle_fuzz.cpp) searches for such files at random; the
 // cases here are the ones it found that must stay found.
-#include "checkpoint/pickle.h"
+#include "checkpoint/format/pickle.h"
 
 #include <string>
 

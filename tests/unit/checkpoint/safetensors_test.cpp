@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint/safetensors.h"
+#include "checkpoint/format/safetensors.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
 #include "util/fs.h"

@@ -1,7 +1,7 @@
 // CheckpointStore and `gpurun ckpt` on real folders in a fresh temporary directory
 // (docs/architecture.md, case 7: a damaged or half-written checkpoint never blocks a resume).
-#include "checkpoint/store.h"
-#include "checkpoint/shard_index.h"
+#include "checkpoint/storage/store.h"
+#include "checkpoint/format/shard_index.h"
 
 #include <signal.h>
 #include <sys/resource.h>

@@ -27,8 +27,9 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint/state_copy.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/state_copy.h"
+#include "checkpoint/format/train_state.h"
+#include "checkpoint/storage/store.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"

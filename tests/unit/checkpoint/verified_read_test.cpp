@@ -1,7 +1,7 @@
 // A checkpoint file read in place by a resume (checkpoint/verified_read.h): whatever order the
 // reads come in, verify() has the xxh3 of the whole file, and a file that is not what its
 // manifest says is refused.
-#include "checkpoint/verified_read.h"
+#include "checkpoint/format/verified_read.h"
 
 #include <algorithm>
 #include <random>

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "builtin.h"
-#include "checkpoint/pickle.h"
+#include "checkpoint/format/pickle.h"
 #include "common/log_capture.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "builtin.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/format/safetensors.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
 #include "gpurun/loss.h"

@@ -17,8 +17,8 @@
 #include "unit/norms.h"
 
 #include "builtin.h"
-#include "checkpoint/state_copy.h"
-#include "checkpoint/train_state.h"
+#include "checkpoint/format/state_copy.h"
+#include "checkpoint/format/train_state.h"
 #include "gpurun/errors.h"
 #include "gpurun/model.h"
 #include "gpurun/registry.h"
