@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/storage/checkpoint_storage.h"
 #include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
 #include "queue/queue_state.h"
@@ -23,7 +25,13 @@
 
 namespace gpurun {
 
-int status_command(const std::string& run_dir, bool json, std::ostream& out) {
+int status_command(const std::string& dir, bool json, std::ostream& out) {
+  // An s3:// root's status.json is on the machine that runs it (Checkpointer::default_run_dir).
+  const std::string run_dir = is_object_root(dir) ? Checkpointer::default_run_dir(dir) : dir;
+  if (run_dir != dir && !fs::exists(run_dir + "/status.json"))
+    throw ConfigError("no run of " + dir + " on this machine: its status.json is in " + run_dir +
+                      " (or its --run-dir) on the machine that runs it; `gpurun ckpt list " + dir +
+                      "` shows its checkpoints");
   // A `gpurun queue` directory: its runs, each with its state (queue/queue_summary.h).
   if (fs::exists(run_dir + "/queue.json")) return queue_status(run_dir, json, out);
   std::string text;

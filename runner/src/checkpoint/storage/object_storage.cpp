@@ -1,8 +1,5 @@
 #include "checkpoint/storage/object_storage.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
 #include <map>
@@ -14,10 +11,10 @@
 
 #include "checkpoint/format/checkpoint_types.h"
 #include "checkpoint/format/folder.h"
+#include "checkpoint/storage/posix_storage.h"
 #include "checkpoint/storage/s3_client.h"
 #include "gpurun/errors.h"
 #include "util/faults.h"
-#include "util/fd_io.h"
 #include "util/text.h"
 
 namespace gpurun {
@@ -89,25 +86,9 @@ class ObjectFolderWrite final : public FolderWrite {
   }
 
   void adopt(const std::string& name, const std::string& path) override {
-    write(name,
-          [&](const ByteSink& out) {
-            const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd < 0) throw IoError("open", path, errno);
-            std::vector<char> buffer(8 << 20);
-            try {
-              for (off_t at = 0;;) {
-                const size_t n = fs::pread_full(fd, buffer.data(), buffer.size(), at, path);
-                if (n == 0) break;
-                out(buffer.data(), n);
-                at += static_cast<off_t>(n);
-              }
-            } catch (...) {
-              ::close(fd);
-              throw;
-            }
-            ::close(fd);
-          },
-          {}, {});
+    const auto [dir, file] = split_folder_path(path);
+    const PosixStorage local(dir);
+    write(name, [&](const ByteSink& out) { local.read(file, out); }, {}, {});
   }
 
   void commit(const std::string& manifest, const std::function<void()>& before_commit,
