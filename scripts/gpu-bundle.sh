@@ -37,6 +37,14 @@ packages=(
   # message at build time; gpurun links libprotobuf-lite.
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 protobuf-compiler libprotoc32
   libjs-chart.js                     # gpurun report: Chart.js, compiled into the page
+  # ObjectStorage (S3): HTTP through libcurl, S3's XML answers through libxml2, SigV4's SHA-256
+  # and HMAC from OpenSSL's libcrypto. Not bundled, so needed on the GPU machine under the same
+  # sonames: what libcurl4 links (libnghttp2.so.14, libidn2.so.0, librtmp.so.1, libssh2.so.1,
+  # libpsl.so.5, libgssapi_krb5.so.2, libldap-2.5.so.0, liblber-2.5.so.0, libzstd.so.1,
+  # libbrotlidec.so.1) and libxml2's ICU (libicuuc.so.72, 36 MiB) and liblzma.so.5.
+  libcurl4-openssl-dev libcurl4
+  libxml2-dev libxml2
+  libssl-dev libssl3
 )
 LIMIT_BYTES=$((60 * 1024 * 1024))
 
@@ -58,11 +66,16 @@ find "$out.tmp/sysroot" -type l | while read -r link; do
           ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$out.tmp/sysroot$target")" "$link" ;;
   esac
 done
-# Documentation is not needed to build; the .debs keep it for whoever wants it. Nor are
-# protobuf's static libraries (9 MiB): gpurun links the shared libprotobuf-lite.
+# Documentation is not needed to build; the .debs keep it for whoever wants it. Nor are the
+# static libraries of protobuf (9 MiB), curl, libxml2 and OpenSSL (15 MiB): gpurun links the
+# shared ones. Nor OpenSSL's engines and legacy provider: SHA-256 and HMAC are in its default
+# provider, built into libcrypto.
 rm -rf "$out.tmp/sysroot/usr/share/doc" "$out.tmp/sysroot/usr/share/man" \
        "$out.tmp/sysroot/usr/share/lintian" "$out.tmp"/sysroot/usr/lib/*/libprotobuf*.a \
-       "$out.tmp"/sysroot/usr/lib/*/libprotoc.a
+       "$out.tmp"/sysroot/usr/lib/*/libprotoc.a "$out.tmp"/sysroot/usr/lib/*/libcurl.a \
+       "$out.tmp"/sysroot/usr/lib/*/libxml2.a "$out.tmp"/sysroot/usr/lib/*/libssl.a \
+       "$out.tmp"/sysroot/usr/lib/*/libcrypto.a "$out.tmp"/sysroot/usr/lib/*/engines-3 \
+       "$out.tmp"/sysroot/usr/lib/*/ossl-modules
 # The .debs themselves are only a record: drop them when the unpacked tree alone is too big.
 size=$(du -sb "$out.tmp" | cut -f1)
 if [ "$size" -gt "$LIMIT_BYTES" ]; then

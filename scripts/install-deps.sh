@@ -53,6 +53,12 @@ packages=(
   libprotobuf-dev protobuf-compiler # RUN_DIR/tensorboard/: TensorBoard's Event messages
   libjs-chart.js                    # gpurun report: Chart.js, inlined into the page at build time
   chromium                          # tests/browser: the report opened in a real headless browser
+  libcurl4-openssl-dev libxml2-dev  # ObjectStorage (S3): HTTP, and the XML of S3's answers
+  libssl-dev                        # ObjectStorage (S3): each part's Content-MD5 (libcrypto)
+  # scripts/s3-gateway.sh: a real S3 server for the object-storage tests (Ceph's RADOS Gateway on
+  # a one-OSD in-memory cluster), curl to ask it; boto3 for the tests that check gpurun's objects
+  radosgw ceph-mon ceph-osd ceph-common curl
+  python3-boto3
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
 # would shadow the chosen LibTorch's, so it is removed when present.
