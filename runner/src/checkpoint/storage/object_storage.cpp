@@ -86,8 +86,9 @@ class ObjectFolderWrite final : public FolderWrite {
   }
 
   void adopt(const std::string& name, const std::string& path) override {
-    const auto [dir, file] = split_folder_path(path);
-    const PosixStorage local(dir);
+    const std::pair<std::string, std::string> where = split_folder_path(path);
+    const PosixStorage local(where.first);
+    const std::string& file = where.second;
     write(name, [&](const ByteSink& out) { local.read(file, out); }, {}, {});
   }
 
