@@ -339,7 +339,8 @@ int ckpt_command(const std::string& action, const std::string& dir, bool as_json
   }
   std::error_code ec;
   if (is_object_root(dir)) {
-    open_storage(dir);  // settings and credentials: a ConfigError names what is missing
+    // Settings, credentials, the endpoint and the bucket, at once: a ConfigError names the cause.
+    open_storage(dir)->check_readable();
   } else if (!stdfs::exists(dir, ec)) {
     throw ConfigError("gpurun ckpt " + action + ": no such directory: " + dir);
   } else if (!stdfs::is_directory(dir, ec)) {

@@ -158,7 +158,9 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
                    bool merge_lora, std::optional<int64_t> step, const std::string& format,
                    const std::string& dtype, int64_t max_shard_bytes) {
   std::error_code ec;
-  if (!is_object_root(ckpt_dir) && !stdfs::is_directory(ckpt_dir, ec))
+  if (is_object_root(ckpt_dir))
+    open_storage(ckpt_dir)->check_readable();
+  else if (!stdfs::is_directory(ckpt_dir, ec))
     throw ConfigError("gpurun export: no such checkpoint directory: " + ckpt_dir);
   if (to.empty()) throw ConfigError("gpurun export: --to must not be empty");
   if (format == "hf" || format == "peft") {

@@ -19,9 +19,9 @@ using T = OptionSpec::Type;
 const std::vector<OptionSpec>& option_table() {
   // clang-format off
   static const std::vector<OptionSpec> table = {
-    {kRun, "ckpt", T::kString, "DIR", "", "checkpoint directory (local or network storage); created when missing"},
+    {kRun, "ckpt", T::kString, "DIR", "", "checkpoint directory (local or network storage; created when missing), or s3://BUCKET/PREFIX"},
     {kRun, "resume", T::kFlag, "", "", "continue from the newest complete checkpoint in --ckpt; starts fresh when there is none"},
-    {kRun, "run-dir", T::kString, "DIR", "", "where metrics.jsonl and status.json go (default: the --ckpt directory)"},
+    {kRun, "run-dir", T::kString, "DIR", "", "where metrics.jsonl and status.json go (default: the --ckpt directory; for s3:// ~/.cache/gpurun/runs/NAME-HASH)"},
     {kRun, "set", T::kStrings, "KEY=VALUE", "", "override a config key by its dotted path, e.g. --set train.epochs=3 (repeatable; the last wins)"},
     {kRun, "force", T::kFlag, "", "", "take the checkpoint directory's lease at once, even from a run that looks alive"},
     {kRun, "no-lease", T::kFlag, "", "", "write checkpoints without holding the directory's lease: only where the storage cannot hold one (an S3 server that ignores conditional writes) and no other run can write there"},

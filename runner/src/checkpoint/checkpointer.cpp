@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "checkpoint/storage/checkpoint_storage.h"
+#include "s3/s3_settings.h"
 
 #include <unistd.h>
 
@@ -55,18 +56,11 @@ std::optional<int64_t> network_newest_step(const std::string& dir) {
 
 namespace {
 
-// $XDG_CACHE_HOME/gpurun (default ~/.cache/gpurun): this machine's folders of s3:// runs.
-std::string cache_dir() {
-  const char* cache = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string base =
-      cache && *cache ? cache : std::string(home && *home ? home : "/tmp") + "/.cache";
-  return base + "/gpurun";
-}
-
 // "exp1-1a2b3c4d" for s3://bucket/runs/exp1.
 std::string object_root_key(const std::string& ckpt_dir) {
-  return split_folder_path(ckpt_dir).second + "-" + xxh3_hex(ckpt_dir).substr(0, 8);
+  // Named after the normalized URL: s3://b/x/ and s3://b/x are one root.
+  const std::string url = S3Url::parse(ckpt_dir)->str();
+  return split_folder_path(url).second + "-" + xxh3_hex(url).substr(0, 8);
 }
 
 }  // namespace
@@ -77,12 +71,12 @@ std::string Checkpointer::local_tier_root(const RunConfig& config, const std::st
   if (!dir.empty() || !is_object_root(ckpt_dir)) return dir;
   // A bucket is reached over the network: a save lands on the local disk first, as fast as a
   // local save, and is uploaded behind training (docs/architecture.md, "Object storage").
-  return cache_dir() + "/tiers";
+  return fs::cache_dir() + "/tiers";
 }
 
 std::string Checkpointer::default_run_dir(const std::string& ckpt_dir) {
   if (!is_object_root(ckpt_dir)) return ckpt_dir;
-  return cache_dir() + "/runs/" + object_root_key(ckpt_dir);
+  return fs::cache_dir() + "/runs/" + object_root_key(ckpt_dir);
 }
 
 std::string Checkpointer::local_tier_dir(const RunConfig& config, const std::string& ckpt_dir) {

@@ -13,7 +13,8 @@ namespace stdfs = std::filesystem;
 
 std::string resolve_input_path(const RunConfig& config, const std::string& key,
                                const std::string& path, bool log) {
-  if (path.empty() || stdfs::path(path).is_absolute()) return path;
+  // An s3:// URL (data.path in a bucket, staged by data/data_stage.h) is not a path.
+  if (path.empty() || stdfs::path(path).is_absolute() || path.rfind("s3://", 0) == 0) return path;
   const std::string beside = config_path(config, path);  // run.yaml's folder
   const bool data_key = key == "data.path" || key == "data.eval_path" || key == "data.mask_path" ||
                         key == "data.eval_mask_path";

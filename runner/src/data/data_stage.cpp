@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 
 #include "data/builtin_datasets.h"
 #include "gpurun/errors.h"
+#include "s3/s3_client.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/units.h"
@@ -37,10 +39,28 @@ double since(Clock::time_point start) {
 
 struct SourceFile {
   std::string relative;  ///< path under the staged root
-  std::string path;      ///< the source file
+  std::string path;      ///< the source file, or its key in the bucket
   int64_t bytes = 0;
   int64_t mtime_ns = 0;
+  std::string etag;  ///< an object's version (its mtime is not in a listing); "" for a file
 };
+
+// The objects of an s3:// source, sorted by key: the one object it names, or every object
+// under it as a folder.
+std::vector<SourceFile> list_objects(S3Client& client, const S3Url& url) {
+  std::vector<SourceFile> files;
+  if (const std::optional<S3Object> one = client.head(url.prefix)) {
+    files.push_back(
+        {url.prefix.substr(url.prefix.rfind('/') + 1), one->key, one->size, 0, one->etag});
+    return files;
+  }
+  const std::string base = url.prefix.empty() ? "" : url.prefix + "/";
+  for (const S3Object& object : client.list(base).objects) {
+    if (object.key.back() == '/') continue;  // a "folder" marker some tools write
+    files.push_back({object.key.substr(base.size()), object.key, object.size, 0, object.etag});
+  }
+  return files;
+}
 
 SourceFile source_file(const stdfs::path& path, std::string relative) {
   struct stat st {};
@@ -132,22 +152,39 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
                        const std::string& key) {
   const auto start = Clock::now();
   std::error_code ec;
-  const stdfs::path abs = stdfs::absolute(source, ec).lexically_normal();
-  if (source.empty() || !stdfs::exists(abs, ec))
+  // A bucket's objects are listed once (the ETag is their version, as the mtime is a file's)
+  // and downloaded with parallel ranged GETs; the rest is as for files.
+  const std::optional<S3Url> url = S3Url::parse(source);
+  std::unique_ptr<S3Client> client;
+  std::vector<SourceFile> objects;
+  if (url) {
+    client = std::make_unique<S3Client>(S3Settings::from_environment(), url->bucket);
+    client->check_bucket();
+    objects = list_objects(*client, *url);
+    if (objects.empty())
+      throw ConfigError("data.stage_dir: " + key + " " + source +
+                        " holds no object, so there is nothing to stage");
+  }
+  const stdfs::path abs = url ? stdfs::path(source.substr(5)).lexically_normal()
+                              : stdfs::absolute(source, ec).lexically_normal();
+  if (source.empty() || (!url && !stdfs::exists(abs, ec)))
     throw ConfigError("data.stage_dir: " + key + " " + source +
                       " does not exist, so there is "
                       "nothing to stage");
   stdfs::path name = abs.filename().empty() ? abs.parent_path().filename() : abs.filename();
-  const std::string folder = name.string() + "-" + xxh3_hex(abs.string()).substr(0, 8);
+  const std::string folder =
+      name.string() + "-" + xxh3_hex(url ? source : abs.string()).substr(0, 8);
   const stdfs::path root = stdfs::path(stage_dir) / folder;
   fs::make_dirs(root.string());
   const StageLock lock((stdfs::path(stage_dir) / ("." + folder + ".lock")).string());
 
   StageResult result;
   result.source = source;
-  const bool is_dir = stdfs::is_directory(abs);
+  // An object named by the URL itself is staged as a file; a prefix as a folder.
+  const bool is_dir = url ? !(objects.size() == 1 && objects.front().path == url->prefix)
+                          : stdfs::is_directory(abs);
   result.copy = is_dir ? root.string() : (root / abs.filename()).string();
-  const std::vector<SourceFile> files = list_source(abs);
+  const std::vector<SourceFile> files = url ? objects : list_source(abs);
 
   json record =
       json::parse(fs::exists((root / kRecord).string()) ? fs::read_file((root / kRecord).string())
@@ -166,6 +203,7 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
     const auto it = entries.find(f.relative);
     const bool reusable = it != entries.end() && it->value("bytes", int64_t{-1}) == f.bytes &&
                           it->value("mtime_ns", int64_t{-1}) == f.mtime_ns &&
+                          it->value("etag", std::string()) == f.etag &&
                           fs::file_size(copy) == f.bytes &&
                           hash_of(copy) == it->value("xxh3", std::string());
     if (!reusable) to_copy.push_back(&f);
@@ -180,13 +218,20 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
     std::optional<Xxh3> passing;
     int64_t n = 0;
     try {
-      n = fs::with_retries([&] {
-        passing.emplace();
-        return fs::copy_file(f->path, tmp, [&](const char* data, size_t size) {
-          passing->update(data, size);
-          progress.add(size);
+      const auto observe = [&](const char* data, size_t size) {
+        passing->update(data, size);
+        progress.add(size);
+      };
+      if (client) {  // retried by the client, part by part
+        n = fs::write_streamed(
+            tmp, [&](const ByteSink& out) { client->download(f->path, f->bytes, out); }, observe,
+            [&] { passing.emplace(); });
+      } else {
+        n = fs::with_retries([&] {
+          passing.emplace();
+          return fs::copy_file(f->path, tmp, observe);
         });
-      });
+      }
     } catch (const IoError& e) {
       ::unlink(tmp.c_str());  // a full disk must not stay full of a half copy
       const bool full = e.error_number() == ENOSPC || e.error_number() == EDQUOT;
@@ -207,6 +252,7 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
     }
     fs::rename_durable(tmp, copy.string());
     entries[f->relative] = {{"bytes", f->bytes}, {"mtime_ns", f->mtime_ns}, {"xxh3", written}};
+    if (client) entries[f->relative]["etag"] = f->etag;
     // Recorded file by file: a start cut short keeps what it copied.
     fs::replace_file((root / kRecord).string(), record.dump(2) + "\n");
     result.copied_files += 1;
@@ -228,6 +274,8 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
   return result;
 }
 
+std::string default_stage_dir() { return fs::cache_dir() + "/data"; }
+
 json stage_data(DataConfig& data, bool log) {
   json staged = json::array();
   if (data.name == "synthetic") {
@@ -246,7 +294,7 @@ json stage_data(DataConfig& data, bool log) {
     const stdfs::path source = stdfs::weakly_canonical(stdfs::absolute(*path, ec), ec);
     const auto [mismatch, rest] =
         std::mismatch(source.begin(), source.end(), dir.begin(), dir.end());
-    if (mismatch == source.end())
+    if (mismatch == source.end() && !is_s3_url(*path))
       throw ConfigError("data.stage_dir " + dir.string() + " is inside " + key + " " + *path +
                         ": it would be staged with the data; choose a directory outside it");
     StageResult r;

@@ -50,4 +50,8 @@ StageResult stage_path(const std::string& source, const std::string& stage_dir,
 /// failed (a full disk: with the bytes it needs).
 nlohmann::json stage_data(DataConfig& data, bool log);
 
+/// Where data in a bucket (data.path: s3://...) is staged without data.stage_dir:
+/// fs::cache_dir()/data.
+std::string default_stage_dir();
+
 }  // namespace gpurun

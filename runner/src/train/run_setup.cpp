@@ -35,6 +35,7 @@
 #include "model/torchscript_model.h"
 #include "model/without_weights.h"
 #include "optim/step_optimizer.h"
+#include "s3/s3_settings.h"
 #include "train/device.h"
 #include "train/hf_weights.h"
 #include "train/suspicious_settings.h"
@@ -310,6 +311,9 @@ Session open_session(const RunConfig& config, const std::string& device, int64_t
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   // data.path and data.eval_path as run.yaml's folder resolves them (config/paths.h).
   DataConfig data = run_data(config, local_rank == 0);
+  // Data in a bucket is always staged: the data sets read local files.
+  if (data.stage_dir.empty() && (is_s3_url(data.path) || is_s3_url(data.eval_path)))
+    data.stage_dir = default_stage_dir();
   if (!data.stage_dir.empty()) s.data_stage = stage_data(data, local_rank == 0);
   s.data = registry.make_dataset(data);
   s.precision = resolve_precision(config.train.precision, s.device);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -387,6 +388,14 @@ std::vector<std::string> list_dir(const std::string& dir) {
     std::sort(names.begin(), names.end());
     return names;
   });
+}
+
+std::string cache_dir() {
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base =
+      cache && *cache ? cache : std::string(home && *home ? home : "/tmp") + "/.cache";
+  return base + "/gpurun";
 }
 
 void make_dirs(const std::string& dir) {

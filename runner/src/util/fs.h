@@ -91,6 +91,11 @@ FileStatus status(const std::string& path);
 /// Throws IoError.
 std::vector<std::string> list_dir(const std::string& dir);
 
+/// This machine's folder of gpurun's own files that are not a run's (an s3:// run's local tier
+/// and run folder, data staged from a bucket): $XDG_CACHE_HOME/gpurun, else ~/.cache/gpurun
+/// (the XDG base directory specification's default), else /tmp/.cache/gpurun without $HOME.
+std::string cache_dir();
+
 /// mkdir -p. Throws IoError.
 void make_dirs(const std::string& dir);
 

@@ -1,4 +1,4 @@
-// S3Client (checkpoint/storage/s3_client.h) and S3Settings (s3_settings.h).
+// S3Client (s3/s3_client.h) and S3Settings (s3_settings.h).
 //
 // Settings, URLs and XML need no server. The rest runs against a real S3 server: the one
 // scripts/s3-gateway.sh started (GPURUN_S3_GATEWAY_DIR=DIR: DIR/env is read), else the one the
@@ -6,7 +6,7 @@
 // with the reason. Each test makes a bucket of its own and deletes it after. The fault tests
 // put tests/tools/s3/fault_proxy.py between client and server (skipped without python3 or the
 // proxy; GPURUN_SOURCE_DIR names the checkout when the tests run outside it).
-#include "checkpoint/storage/s3_client.h"
+#include "s3/s3_client.h"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -30,8 +30,8 @@
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 
-#include "checkpoint/storage/s3_settings.h"
-#include "checkpoint/storage/s3_xml.h"
+#include "s3/s3_settings.h"
+#include "s3/s3_xml.h"
 #include "common/log_capture.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"

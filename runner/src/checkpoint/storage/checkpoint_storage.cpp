@@ -1,6 +1,9 @@
 #include "checkpoint/storage/checkpoint_storage.h"
 
 #include <filesystem>
+#include <regex>
+
+#include "gpurun/errors.h"
 
 #include "checkpoint/storage/object_storage.h"
 #include "checkpoint/storage/posix_storage.h"
@@ -35,6 +38,14 @@ bool is_object_root(const std::string& root) { return starts_with(root, "s3://")
 
 std::shared_ptr<CheckpointStorage> open_storage(const std::string& root) {
   if (is_object_root(root)) return std::make_shared<ObjectStorage>(root);
+  // "S3://b/x", "gs://b/x", "s3:/b/x": a URL gpurun does not read must not become a local
+  // folder named "S3:" that a run trains into without a word.
+  static const std::regex scheme("^[A-Za-z][A-Za-z0-9+.-]*:/.*");
+  if (std::regex_match(root, scheme))
+    throw ConfigError(root +
+                      " is a URL gpurun does not read: checkpoints go to a folder or to "
+                      "s3://BUCKET/PREFIX (any S3 API: AWS, R2, B2, GCS's interoperability "
+                      "endpoint, Ceph, MinIO, through AWS_ENDPOINT_URL)");
   return std::make_shared<PosixStorage>(root);
 }
 

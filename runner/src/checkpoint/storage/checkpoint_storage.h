@@ -72,6 +72,11 @@ class CheckpointStorage {
   /// reads back and removes a probe. Throws ConfigError naming the cause and `what` ("--ckpt").
   virtual void check_writable(const std::string& what) = 0;
 
+  /// Proves quickly (within seconds, without the retries of reads) that the root can be read:
+  /// for a bucket, that the endpoint answers, the credentials are accepted and the bucket
+  /// exists. Throws ConfigError naming the cause. A file system: nothing to prove.
+  virtual void check_readable() {}
+
   /// Why the lease cannot be trusted here ("" when it can): a bucket whose server ignores
   /// If-None-Match / If-Match would let two runs both believe they hold it. Throws IoError.
   virtual std::string lease_problem() { return ""; }
@@ -121,7 +126,7 @@ class CheckpointStorage {
 };
 
 /// The storage of a checkpoint root: ObjectStorage for "s3://BUCKET/PREFIX", else PosixStorage.
-/// Throws ConfigError for an s3:// root without usable settings (checkpoint/storage/s3_settings.h).
+/// Throws ConfigError for an s3:// root without usable settings (s3/s3_settings.h).
 std::shared_ptr<CheckpointStorage> open_storage(const std::string& root);
 
 /// True for a root open_storage() gives to ObjectStorage ("s3://...").

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cerrno>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <vector>
@@ -12,8 +13,8 @@
 #include "checkpoint/format/checkpoint_types.h"
 #include "checkpoint/format/folder.h"
 #include "checkpoint/storage/posix_storage.h"
-#include "checkpoint/storage/s3_client.h"
 #include "gpurun/errors.h"
+#include "s3/s3_client.h"
 #include "util/faults.h"
 #include "util/text.h"
 
@@ -124,12 +125,20 @@ class ObjectFolderWrite final : public FolderWrite {
 
 ObjectStorage::ObjectStorage(const std::string& root) : root_(root), url_(*S3Url::parse(root)) {
   root_ = url_.str();
-  client_ = std::make_unique<S3Client>(S3Settings::from_environment(), url_.bucket);
+  // A request is retried for 30 s: within the lease's default timeout (60 s), so that storage
+  // that stays down ends a heartbeat, a save or a stop in time (the copy to the bucket is
+  // retried by the tier copier, a failed save by the next one).
+  S3Client::Options options;
+  options.retry_seconds = 30;
+  client_ = std::make_unique<S3Client>(S3Settings::from_environment(), url_.bucket, options);
 }
 
 ObjectStorage::~ObjectStorage() = default;
 
 void ObjectStorage::check_writable(const std::string& what) {
+  static std::once_flag logged;  // checked twice at a start: before the session, and at the claim
+  std::call_once(logged,
+                 [&] { spdlog::info("{} {}: {}", what, root_, client_->settings().describe()); });
   client_->check_bucket();
   const std::string probe = key(".gpurun-probe-" + random_hex());
   try {
@@ -140,6 +149,8 @@ void ObjectStorage::check_writable(const std::string& what) {
                       "); choose a bucket and prefix these credentials may write");
   }
 }
+
+void ObjectStorage::check_readable() { client_->check_bucket(); }
 
 std::string ObjectStorage::lease_problem() {
   // The lease is a compare-and-swap on lease.json: a server that ignores the conditions would
@@ -239,8 +250,14 @@ std::string ObjectStorage::set_aside(const std::string& name) {
 
 void ObjectStorage::clean_temporaries() {
   const std::string base = url_.prefix.empty() ? "" : url_.prefix + "/";
-  // Parts of uploads a killed writer started: stored (and billed) until aborted.
+  // Parts of uploads a killed writer started: stored (and billed) until aborted. Only this
+  // root's own (PREFIX/ckpt-*/FILE): a run whose prefix lies under this one is another run.
+  const auto ours = [&](const std::string& key) {
+    const auto [folder, file] = split_key(key.substr(base.size()));
+    return starts_with(folder, "ckpt-") && file.find('/') == std::string::npos;
+  };
   for (const S3Upload& upload : client_->list_multipart_uploads(base)) {
+    if (!ours(upload.key)) continue;
     spdlog::info("aborting the incomplete upload of {}", client_->url(upload.key));
     try {
       client_->abort_multipart_upload(upload);
@@ -258,6 +275,7 @@ void ObjectStorage::clean_temporaries() {
       if (starts_with(file, ".gpurun-")) doomed.push_back(object.key);
       continue;
     }
+    if (file.find('/') != std::string::npos) continue;  // another run's, under this prefix
     files_of[folder].push_back(object.key);
     if (file == kManifest) committed.insert(folder);
   }

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "checkpoint/storage/checkpoint_storage.h"
-#include "checkpoint/storage/s3_settings.h"
+#include "s3/s3_settings.h"
 
 namespace gpurun {
 
@@ -36,6 +36,7 @@ class ObjectStorage final : public CheckpointStorage {
   /// The endpoint answers, the credentials are accepted and the bucket exists (within 10 s,
   /// no retries); then a probe object is written, read and removed. Throws ConfigError.
   void check_writable(const std::string& what) override;
+  void check_readable() override;
   std::string lease_problem() override;
   std::vector<std::string> folders() const override;
   std::vector<std::string> set_aside_names() const override;

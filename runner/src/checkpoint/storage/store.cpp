@@ -292,7 +292,7 @@ void CheckpointStore::set_aside_damaged(const CheckpointInfo& info, const std::s
                       ") and could not be renamed aside (" + e.what() +
                       "); move it away, then resume again");
   }
-  spdlog::warn("checkpoint {} is damaged ({}); renamed to {}; trying the previous one", info.path,
+  spdlog::warn("checkpoint {} is damaged ({}); set aside as {}; trying the previous one", info.path,
                problem, aside);
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/storage/s3_client.h"
+#include "s3/s3_client.h"
 
 namespace gpurun::s3xml {
 

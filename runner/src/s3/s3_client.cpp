@@ -1,4 +1,4 @@
-#include "checkpoint/storage/s3_client.h"
+#include "s3/s3_client.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,7 +22,7 @@
 #include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/storage/s3_xml.h"
+#include "s3/s3_xml.h"
 #include "util/text.h"
 
 namespace gpurun {

@@ -1,4 +1,4 @@
-#include "checkpoint/storage/s3_xml.h"
+#include "s3/s3_xml.h"
 
 #include <cstring>
 #include <memory>

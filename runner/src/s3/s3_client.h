@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/storage/s3_settings.h"
 #include "gpurun/errors.h"
+#include "s3/s3_settings.h"
 #include "util/byte_sink.h"
 
 namespace gpurun {

@@ -1,4 +1,4 @@
-#include "checkpoint/storage/s3_settings.h"
+#include "s3/s3_settings.h"
 
 #include <pwd.h>
 #include <unistd.h>
