@@ -30,11 +30,11 @@
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 
-#include "s3/s3_settings.h"
-#include "s3/s3_xml.h"
 #include "common/log_capture.h"
 #include "common/temp_dir.h"
 #include "gpurun/errors.h"
+#include "s3/s3_settings.h"
+#include "s3/s3_xml.h"
 
 extern char** environ;
 
