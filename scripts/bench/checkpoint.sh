@@ -17,15 +17,7 @@ mkdir -p "$target"
 work=$(mktemp -d "$target/gpurun-bench-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python=$(scripts/install-deps.sh --print-torch-python)
-cat >"$work/run.yaml" <<'YAML'
-model: {name: mlp, hidden: [4096, 4096, 4096]}
-data: {name: idx, train_samples: 1920, eval_samples: 200}
-optim: {name: adam, lr: 0.0005}
-train: {epochs: 1, batch_size: 64, threads: 2}
-checkpoint: {every_steps: 5, keep_last: 2}
-memory: {probe_steps: 1}
-log: {every_steps: 5}
-YAML
+cp scripts/bench/checkpoint_state.yaml "$work/run.yaml"
 for mode in true false; do
   build/runner/gpurun "$work/run.yaml" --ckpt "$work/async-$mode" --set checkpoint.async=$mode 2>/dev/null
 done

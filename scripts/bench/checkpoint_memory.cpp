@@ -28,16 +28,11 @@
 #include "checkpoint/async_writer.h"
 #include "checkpoint/format/state_copy.h"
 #include "checkpoint/format/train_state.h"
+#include "proc_status.h"
 
 namespace {
 
-/// VmRSS or VmHWM of this process, in bytes.
-long long status_bytes(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
-  return -1;
-}
+using gpurun::bench::status_bytes;
 
 template <class T>
 T median(std::vector<T> v) {
