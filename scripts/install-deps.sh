@@ -58,7 +58,7 @@ packages=(
   # scripts/s3-gateway.sh: a real S3 server for the object-storage tests (Ceph's RADOS Gateway on
   # a one-OSD in-memory cluster), curl to ask it; boto3 for the tests that check gpurun's objects
   radosgw ceph-mon ceph-osd ceph-common curl
-  python3-boto3
+  python3-boto3 python3-xxhash       # scripts/bench/s3.sh: boto3 checking xxh3 as gpurun does
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
 # would shadow the chosen LibTorch's, so it is removed when present.
