@@ -174,7 +174,7 @@ std::string ObjectStorage::lease_problem() {
 std::vector<std::string> ObjectStorage::folders() const {
   // One listing of the whole root: a folder is there once its manifest is, unless a marker
   // sets it aside.
-  const std::string base = url_.prefix.empty() ? "" : url_.prefix + "/";
+  const std::string base = key("");  // "PREFIX/", or "" at the bucket's root
   std::set<std::string> with_manifest, aside;
   for (const S3Object& object : client_->list(base).objects) {
     const auto [folder, file] = split_key(object.key.substr(base.size()));
@@ -194,7 +194,7 @@ std::vector<std::string> ObjectStorage::folders() const {
 }
 
 std::vector<std::string> ObjectStorage::set_aside_names() const {
-  const std::string base = url_.prefix.empty() ? "" : url_.prefix + "/";
+  const std::string base = key("");  // "PREFIX/", or "" at the bucket's root
   std::vector<std::string> names;
   for (const S3Object& object : client_->list(base + "ckpt-", "/").objects) {
     const std::string name = object.key.substr(base.size());
@@ -249,7 +249,7 @@ std::string ObjectStorage::set_aside(const std::string& name) {
 }
 
 void ObjectStorage::clean_temporaries() {
-  const std::string base = url_.prefix.empty() ? "" : url_.prefix + "/";
+  const std::string base = key("");  // "PREFIX/", or "" at the bucket's root
   // Parts of uploads a killed writer started: stored (and billed) until aborted. Only this
   // root's own (PREFIX/ckpt-*/FILE): a run whose prefix lies under this one is another run.
   const auto ours = [&](const std::string& key) {
