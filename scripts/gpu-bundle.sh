@@ -45,6 +45,9 @@ packages=(
   libcurl4-openssl-dev libcurl4
   libxml2-dev libxml2
   libssl-dev libssl3
+  # Not bundled: slurm-wlm and munge (scripts/slurm-cluster.sh) and Ceph (scripts/s3-gateway.sh)
+  # are servers for the tests on this machine, which gpurun neither builds nor links against;
+  # scripts/gpu-check.sh runs no Slurm or S3 test.
 )
 LIMIT_BYTES=$((60 * 1024 * 1024))
 

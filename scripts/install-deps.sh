@@ -58,6 +58,7 @@ packages=(
   # scripts/s3-gateway.sh: a real S3 server for the object-storage tests (Ceph's RADOS Gateway on
   # a one-OSD in-memory cluster), curl to ask it; boto3 for the tests that check gpurun's objects
   radosgw ceph-mon ceph-osd ceph-common curl
+  slurm-wlm munge                   # scripts/slurm-cluster.sh: a real Slurm 22.05 for the Slurm tests
   python3-boto3 python3-xxhash       # scripts/bench/s3.sh: boto3 checking xxh3 as gpurun does
 )
 # Debian's LibTorch 1.13 (CPU only, 2022) is no longer supported; its headers in /usr/include
