@@ -29,6 +29,7 @@ const std::vector<OptionSpec>& option_table() {
     {kRun, "device", T::kString, "D", "auto", "auto, cpu or cuda"},
     {kRun, "max-restarts", T::kInt, "N", "0", "run training in a child process and restart it with --resume after a crash, at most N times (queue: per run)", true},
     {kRun, "hang-timeout", T::kDouble, "SECONDS", "0", "kill and restart a run that completes no step for SECONDS (needs --max-restarts; queue: per run, a hang is a failure)", true},
+    {kRun, "slurm-signal", T::kString, "[B:]SIG[@TIME]", "", "the signal the Slurm job's --signal sends before its time limit, when gpurun cannot read it from the batch script's #SBATCH lines (a --signal on sbatch's command line) or it is not one gpurun stops on already (TERM, INT, USR1, USR2, HUP); TIME, the seconds it comes early, is checked against a step and a save"},
     {kRun, "memory-limit", T::kString, "SIZE", "", "treat the device as having SIZE bytes (e.g. 512MiB, 24GiB); on CPU enforced by the allocator"},
     {kDistributed, "nproc-per-node", T::kInt, "N", "", "start N worker processes on this node (Gloo on CPU, NCCL on CUDA)", true},
     {kDistributed, "nnodes", T::kInt, "N", "", "nodes in the job", true},

@@ -132,3 +132,29 @@ TEST(StopSignal, ASigtermDuringALeaseWaitExits75AtOnce) {
   kill(holder, SIGKILL);
   EXPECT_EQ(wait_gpurun(holder, dir / "holder").signal, SIGKILL);
 }
+
+// `--slurm-signal B:URG@90` (a job whose --signal is one gpurun does not stop on by default):
+// SIGURG, whose default action is to be ignored, saves and exits 75, in a single process and
+// through a supervisor, which forwards it to its worker as SIGTERM.
+TEST(StopSignal, ASlurmSignalOutsideTheDefaultsStopsTheRunWhenNamed) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(6000, 60, 3));
+  for (const bool supervised : {false, true}) {
+    SCOPED_TRACE(supervised ? "with --max-restarts 1" : "a single process");
+    const std::string ckpt = dir / (supervised ? "supervised" : "single");
+    const std::string log = dir / (supervised ? "log-supervised" : "log-single");
+    std::vector<std::string> args{config, "--ckpt", ckpt, "--slurm-signal", "B:URG@90"};
+    if (supervised) args.insert(args.end(), {"--max-restarts", "1"});
+    const pid_t pid = start_gpurun(args, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    ASSERT_TRUE(wait_for_step(ckpt, 3, pid, 120)) << slurp(log + ".err");
+    ASSERT_EQ(kill(pid, SIGURG), 0);
+    const Result r = wait_gpurun(pid, log, 120);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    const auto signals = events(ckpt, "signal");
+    ASSERT_EQ(signals.size(), 1u) << r.err;
+    EXPECT_EQ(signals[0].value("signal", 0), supervised ? SIGTERM : SIGURG);
+  }
+  // A signal gpurun cannot stop on is refused before anything runs.
+  const Result bad = run_gpurun({config, "--ckpt", dir / "bad", "--slurm-signal", "KILL"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+}

@@ -2,14 +2,67 @@
 
 #include <unistd.h>
 
+#include <stdexcept>
+
 #include <spdlog/spdlog.h>
 
 #include "config/rules.h"
 #include "gpurun/errors.h"
+#include "launch/slurm.h"
 #include "launch/supervisor.h"
 #include "report/reporter.h"
+#include "util/clock.h"
+#include "util/signals.h"
 
 namespace gpurun {
+namespace {
+
+// How long a question to slurmctld may take at the start (it answers in milliseconds; a
+// controller that does not is not worth holding training for).
+constexpr double kControllerTimeoutSeconds = 5;
+
+// The Slurm job this process runs in, for the events and the start's check, and its warning
+// signal (--slurm-signal, else the batch script's #SBATCH --signal, asked of the controller by
+// the process that trains rank 0 or launches), which becomes a stop signal.
+SchedulerJob slurm_context(const Environment& env, const std::string& flag, bool ask) {
+  std::optional<SlurmSignal> signal;
+  std::string signal_text = flag;
+  if (!flag.empty()) signal = parse_slurm_signal(flag);
+  SchedulerJob job;
+  if (const std::optional<SlurmJob> slurm = slurm_job(env)) {
+    job.scheduler = "slurm";
+    job.job_id = slurm->job_id;
+    job.restart_count = slurm->restart_count;
+    if (ask) {
+      const SlurmJobState state = query_slurm_job(job.job_id, kControllerTimeoutSeconds);
+      if (state.seconds_left) job.time_limit_unix = unix_seconds() + *state.seconds_left;
+      if (!signal && state.signal) {
+        try {
+          signal = parse_slurm_signal(*state.signal);
+          signal_text = *state.signal;
+        } catch (const ConfigError& e) {
+          spdlog::warn("the job's #SBATCH --signal is not understood ({}); pass --slurm-signal",
+                       e.what());
+        }
+      }
+    }
+  }
+  if (signal) {
+    try {
+      add_stop_signal(signal->number);
+      job.signal = signal_name(signal->number);
+      job.signal_lead_seconds = signal->lead_seconds;
+    } catch (const std::invalid_argument& e) {
+      const std::string problem =
+          "the Slurm signal \"" + signal_text + "\" cannot stop a run (" + e.what() + ")";
+      if (!flag.empty()) throw ConfigError("--slurm-signal: " + problem);
+      spdlog::warn("{}: it ends the run without a save", problem);
+    }
+  }
+  return job;
+}
+
+}  // namespace
 
 int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest& request,
                     const Registry& registry) {
@@ -17,9 +70,11 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
   if (slurm_runs_workers(env))
     for (const auto& [key, value] : worker_env_from_slurm(env)) env[key] = value;
   run.dist = worker_env(env);
+  run.job = slurm_context(env, request.slurm_signal, !run.dist || run.dist->rank == 0);
   const std::string run_dir = run_dir_or_default(run);
   if (!run.dist) {
-    LaunchSpec spec = resolve_launch(request.flags, env);
+    const LaunchFlags flags = with_slurm_launch(request.flags, env);
+    LaunchSpec spec = resolve_launch(flags, env);
     const int world = spec.nnodes * spec.nproc_per_node;
     // Before any rank starts, joins the rendezvous and fails the same way (a resume at another
     // world size is where this meets users).
@@ -35,8 +90,7 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
       s.progress_file = heartbeat_path(run_dir, first_rank);
       if (isatty(STDERR_FILENO)) s.env["GPURUN_STDERR_TTY"] = "1";
       if (world > 1) {
-        if (spec.nnodes == 1 && !master_port_given(request.flags, env))
-          spec.master_port = find_free_port();
+        if (spec.nnodes == 1 && !master_port_given(flags, env)) spec.master_port = find_free_port();
         spdlog::info("launching ranks {}..{} of {} on node {} of {}; rendezvous at {}:{}",
                      first_rank, first_rank + spec.nproc_per_node - 1, world, spec.node_rank,
                      spec.nnodes, spec.master_addr, spec.master_port);

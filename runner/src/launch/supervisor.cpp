@@ -251,7 +251,9 @@ class Supervisor {
     if (sig == 0 || group_.forwarded != 0) return;
     // SIGINT goes on as SIGTERM: where a scheduler signals every process of the job, the
     // child would otherwise see two SIGINTs, which means "stop now, without saving".
-    const int forward = sig == SIGINT ? SIGTERM : sig;
+    // A signal added by --slurm-signal goes on as SIGTERM too: a worker that has not yet
+    // installed its handler would take its default action (ignore or die) instead of saving.
+    const int forward = sig == SIGINT || !is_default_stop_signal(sig) ? SIGTERM : sig;
     spdlog::warn("{} received; forwarding {} to {} worker(s) and waiting for them",
                  signal_name(sig), signal_name(forward), group_.alive);
     signal_alive(forward, false);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <stdexcept>
 #include <utility>
 
@@ -179,6 +181,73 @@ Child spawn_to_files(std::vector<std::string> argv, std::vector<std::string> env
   if (stdout_fd < 0 || stderr_fd < 0)
     throw std::invalid_argument("spawn_to_files: stdout_fd and stderr_fd must be open files");
   return spawn_child(argv, env, stdout_fd, stderr_fd);
+}
+
+std::optional<std::string> command_output(std::vector<std::string> argv, double timeout_seconds) {
+  if (argv.empty()) return std::nullopt;
+  if (argv[0].find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    std::string dirs = path ? path : "/usr/bin:/bin";
+    std::string found;
+    for (size_t at = 0; at <= dirs.size();) {
+      size_t end = dirs.find(':', at);
+      if (end == std::string::npos) end = dirs.size();
+      const std::string candidate = dirs.substr(at, end - at) + "/" + argv[0];
+      if (end > at && ::access(candidate.c_str(), X_OK) == 0) {
+        found = candidate;
+        break;
+      }
+      at = end + 1;
+    }
+    if (found.empty()) return std::nullopt;
+    argv[0] = found;
+  }
+  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null_fd < 0) return std::nullopt;
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(null_fd);
+    return std::nullopt;
+  }
+  std::vector<std::string> env;
+  for (const auto& [key, value] : current_environment()) env.push_back(key + "=" + value);
+  Child child{};
+  try {
+    child = spawn_child(argv, env, out[1], null_fd);
+  } catch (const std::exception&) {
+    child.pid = -1;
+  }
+  ::close(out[1]);
+  ::close(null_fd);
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds);
+  bool timed_out = child.pid <= 0;
+  while (!timed_out) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(out[0]);
+  if (child.pid <= 0) return std::nullopt;
+  if (timed_out) ::kill(-child.pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out || child.exec_errno != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return std::nullopt;
+  return text;
 }
 
 }  // namespace gpurun

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -65,6 +66,12 @@ Child spawn(std::vector<std::string> argv, std::vector<std::string> env);
 /// files). Throws std::invalid_argument for a negative fd, IoError as spawn().
 Child spawn_to_files(std::vector<std::string> argv, std::vector<std::string> env, int stdout_fd,
                      int stderr_fd);
+
+/// Runs `argv` (argv[0] looked up in PATH) with our environment, stderr on /dev/null, and
+/// returns what it wrote to stdout when it exits 0 within `timeout_seconds`; nullopt when it
+/// is not found, fails, or is still running then (it is SIGKILLed). For asking a scheduler's
+/// command (scontrol) a question; never throws.
+std::optional<std::string> command_output(std::vector<std::string> argv, double timeout_seconds);
 
 /// Our environment with `extra`, then `worker`'s variables over it, and
 /// GPURUN_RESTART_COUNT=`restart`, as KEY=VALUE strings.

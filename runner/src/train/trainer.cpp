@@ -20,6 +20,7 @@
 #include "checkpoint/format/checkpoint_types.h"
 #include "checkpoint/format/sharded_state.h"
 #include "checkpoint/format/train_state.h"
+#include "checkpoint/interval.h"
 #include "config/paths.h"
 #include "data/data_fingerprint.h"
 #include "data/loader.h"
@@ -39,12 +40,14 @@
 #include "optim/flat_optimizer.h"
 #include "optim/step_optimizer.h"
 #include "optim/torch_optimizer.h"
+#include "report/metrics_tail.h"
 #include "report/reporter.h"
 #include "train/device.h"
 #include "train/immediate_stop.h"
 #include "train/resume.h"
 #include "train/run_setup.h"
 #include "train/sample_trace.h"
+#include "train/scheduler_job.h"
 #include "train/step_metrics.h"
 #include "train/trainer_loop.h"
 #include "util/clock.h"
@@ -141,6 +144,7 @@ void Trainer::run() {
     plan_event["time"] = start_time;
     plan_event["global_step"] = global_step_;
     plan_event["restarts"] = options_.restart_count;
+    if (!options_.job.scheduler.empty()) plan_event["job"] = job_json(options_.job);
     reporter_.write_file("config.json", config_to_json(config_).dump(2) + "\n");
     if (!session_.data_stage.empty()) plan_event["data_stage"] = session_.data_stage;
     plan_event["data_workers"] = workers_;
@@ -150,8 +154,10 @@ void Trainer::run() {
     reporter_.status({{"state", "running"},
                       {"epochs", config_.train.epochs},
                       {"total_steps", total_steps_},
-                      {"restarts", options_.restart_count}},
+                      {"restarts", options_.restart_count},
+                      {"job", job_json(options_.job)}},
                      true);
+    if (rank_ == 0) check_job_time();
     if (loaded && global_step_ == total_steps_)
       spdlog::info(
           "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
@@ -302,7 +308,8 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
                              {"restore_seconds", restore_seconds},
                              {"epoch", epoch_},
                              {"global_step", global_step_},
-                             {"position_in_epoch", position_}});
+                             {"position_in_epoch", position_},
+                             {"job", job_json(options_.job)}});
   // The losses the stopped process logged after the checkpoint (this one has logged no step).
   if (rank_ != 0) return;
   resume_check_.load(run_dir_or_default(options_) + "/metrics.jsonl", global_step_, numerics());
@@ -451,6 +458,22 @@ void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
   peaks_.enter(was);
 }
 
+void Trainer::check_job_time() const {
+  if (options_.job.scheduler.empty()) return;
+  StopCost cost;
+  cost.step_seconds = plan_.step_seconds * static_cast<double>(plan_.accumulation_steps);
+  cost.save_seconds = kAssumedSaveSeconds;
+  // The save the previous start of this job (or run) measured: a requeued job's best guess.
+  if (const auto last =
+          last_event_in_tail(run_dir_or_default(options_) + "/metrics.jsonl", "checkpoint")) {
+    cost.save_seconds = last->value("build_seconds", 0.0) + last->value("write_seconds", 0.0);
+    cost.save_measured = true;
+  }
+  const JobLines lines = describe_job(options_.job, cost, unix_seconds());
+  spdlog::info("{}", lines.info);
+  for (const std::string& w : lines.warnings) spdlog::warn("{}", w);
+}
+
 void Trainer::stop_if_signalled(std::optional<bool> agreed) {
   int sig = stop_signal();
   if (comm_) {
@@ -468,7 +491,8 @@ void Trainer::stop_if_signalled(std::optional<bool> agreed) {
                  sig, global_step_);
   else
     spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
-  reporter_.event("signal", {{"signal", sig}, {"global_step", global_step_}});
+  reporter_.event(
+      "signal", {{"signal", sig}, {"global_step", global_step_}, {"job", job_json(options_.job)}});
   if (!saved) save("signal", epoch_, position_);
   checkpointer_.drain();
   // What the grace time leaves after the local save goes to the network copy.

@@ -15,6 +15,18 @@ namespace gpurun {
 class Registry;
 
 /// How the run was started (the command line, not run.yaml).
+/// The scheduler's job a run is part of (launch/slurm.h fills it in under Slurm): its id and
+/// requeues go into the plan, resume and signal events and status.json, and its time limit is
+/// checked against a step and a save at the start.
+struct SchedulerJob {
+  std::string scheduler;           ///< "slurm"; empty: none
+  std::string job_id;              ///< the scheduler's id of the job
+  int64_t restart_count = 0;       ///< times the scheduler requeued the job (SLURM_RESTART_COUNT)
+  double time_limit_unix = 0;      ///< when the time limit ends the job (Unix s); 0: none known
+  double signal_lead_seconds = 0;  ///< the warning signal comes this long before it; 0: none
+  std::string signal;              ///< that signal's name ("SIGUSR1"); empty: none known
+};
+
 struct RunOptions {
   std::string ckpt_dir;   ///< checkpoint root; required
   std::string run_dir;    ///< metrics.jsonl, status.json; empty: ckpt_dir
@@ -28,6 +40,7 @@ struct RunOptions {
   int64_t memory_limit = 0;     ///< --memory-limit in bytes; 0: memory.capacity or the device
   /// This worker's place in a distributed run (dist_env.h); nullopt: a single process.
   std::optional<DistEnv> dist;
+  SchedulerJob job;  ///< the scheduler's job, when one started this run
 };
 
 /// Where metrics.jsonl and status.json go: `run_dir`, else the checkpoint directory.

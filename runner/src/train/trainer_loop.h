@@ -147,6 +147,9 @@ class Trainer {
   /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
   /// small all-reduce decides; every rank waits at a barrier until rank 0's checkpoint is
   /// complete, so that the job's exit 75 means the checkpoint is there.
+  /// Logs the scheduler's job and warns when its time limit leaves no time to save
+  /// (train/scheduler_job.h); rank 0, at the start.
+  void check_job_time() const;
   void stop_if_signalled(std::optional<bool> agreed = std::nullopt);
 
   const RunConfig& config_;

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 
@@ -108,6 +109,28 @@ void install_signal_handlers() {
   signal(SIGPIPE, SIG_IGN);
   const sigset_t set = stop_set();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+void add_stop_signal(int signal_number) {
+  if (signal_number < 1 || signal_number >= NSIG || signal_number == SIGKILL ||
+      signal_number == SIGSTOP || signal_number == SIGPIPE)
+    throw std::invalid_argument("cannot stop on " + signal_name(signal_number));
+  if (is_default_stop_signal(signal_number)) return;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(signal_number, &sa, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, signal_number);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+bool is_default_stop_signal(int signal_number) noexcept {
+  for (int sig : kStopSignals)
+    if (sig == signal_number) return true;
+  return false;
 }
 
 void exit_at_first_signal(const char* command) {

@@ -31,6 +31,15 @@ void block_stop_signals() noexcept;
 /// take time.
 void install_signal_handlers();
 
+/// Makes `signal_number` a stop signal too: a scheduler's warning signal outside kStopSignals
+/// (`--slurm-signal URG`, a real-time signal). Its handler is installed now, so one that arrives
+/// before this call still has its default action. Throws std::invalid_argument for SIGKILL,
+/// SIGSTOP, SIGPIPE or a number out of 1..NSIG-1.
+void add_stop_signal(int signal_number);
+
+/// Whether `signal_number` is one of kStopSignals.
+bool is_default_stop_signal(int signal_number) noexcept;
+
 /// The first stop signal received since start (or the last clear), 0 when none.
 int stop_signal() noexcept;
 

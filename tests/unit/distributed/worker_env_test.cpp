@@ -1,5 +1,5 @@
-// Unit tests of dist_env: the torchrun worker variables, the launcher's resolution from flags,
-// MASTER_* and Slurm, and Slurm's host-list and tasks-per-node formats.
+// Unit tests of worker_env: the torchrun worker variables and the launcher's resolution from
+// flags and MASTER_* (Slurm's variables: tests/unit/launch/slurm_test.cpp).
 #include <gtest/gtest.h>
 
 #include "distributed/worker_env.h"
@@ -70,67 +70,6 @@ TEST(DistEnv, FlagsWinOverMasterVariablesOverDefaults) {
   EXPECT_EQ(s.node_rank, 1);
   flags.node_rank = 2;
   EXPECT_THROW(resolve_launch(flags, {}), ConfigError);
-}
-
-// `srun --ntasks-per-node=1 gpurun --nproc-per-node 4 ...` on 3 nodes: each task launches.
-TEST(DistEnv, SlurmOneTaskPerNodeMakesEachTaskTheLauncherOfItsNode) {
-  const Environment slurm{{"SLURM_JOB_ID", "123456"},
-                          {"SLURM_PROCID", "2"},
-                          {"SLURM_NTASKS", "3"},
-                          {"SLURM_JOB_NUM_NODES", "3"},
-                          {"SLURM_NODEID", "2"},
-                          {"SLURM_LOCALID", "0"},
-                          {"SLURM_JOB_NODELIST", "gpu[07-09]"},
-                          {"SLURM_TASKS_PER_NODE", "1(x3)"}};
-  EXPECT_FALSE(slurm_runs_workers(slurm));
-  LaunchFlags flags;
-  flags.nproc_per_node = 4;
-  const LaunchSpec s = resolve_launch(flags, slurm);
-  EXPECT_EQ(s.nnodes, 3);
-  EXPECT_EQ(s.node_rank, 2);
-  EXPECT_EQ(s.master_addr, "gpu07");
-  EXPECT_EQ(s.master_port, 20000 + 123456 % 10000);
-  EXPECT_EQ(worker_variables(s, 3).at("RANK"), "11");
-  EXPECT_EQ(worker_variables(s, 3).at("WORLD_SIZE"), "12");
-}
-
-// `srun --ntasks-per-node=2 gpurun ...` on 2 nodes: each task is a worker.
-TEST(DistEnv, SlurmSeveralTasksPerNodeMakesEachTaskAWorker) {
-  const Environment slurm{{"SLURM_JOB_ID", "77"},
-                          {"SLURM_PROCID", "3"},
-                          {"SLURM_NTASKS", "4"},
-                          {"SLURM_NNODES", "2"},
-                          {"SLURM_NODEID", "1"},
-                          {"SLURM_LOCALID", "1"},
-                          {"SLURM_STEP_NODELIST", "a1,b2"},
-                          {"SLURM_TASKS_PER_NODE", "2(x2)"},
-                          {"MASTER_PORT", "29999"}};
-  ASSERT_TRUE(slurm_runs_workers(slurm));
-  const Environment v = worker_env_from_slurm(slurm);
-  const auto d = worker_env(v);
-  ASSERT_TRUE(d.has_value());
-  EXPECT_EQ(d->rank, 3);
-  EXPECT_EQ(d->local_rank, 1);
-  EXPECT_EQ(d->world_size, 4);
-  EXPECT_EQ(d->local_world_size, 2);
-  EXPECT_EQ(d->master_addr, "a1");
-  EXPECT_EQ(d->master_port, 29999);
-}
-
-TEST(DistEnv, SlurmHostListsAndTasksPerNode) {
-  EXPECT_EQ(first_slurm_host("node1"), "node1");
-  EXPECT_EQ(first_slurm_host("node1,node2"), "node1");
-  EXPECT_EQ(first_slurm_host("gpu[007-009,012],cpu1"), "gpu007");
-  EXPECT_EQ(first_slurm_host("n[3,5]-ib"), "n3-ib");
-  EXPECT_EQ(first_slurm_host("cpu1,gpu[1-2]"), "cpu1");
-  EXPECT_THROW(first_slurm_host(""), ConfigError);
-  EXPECT_THROW(first_slurm_host("gpu[1-2"), ConfigError);
-  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
-  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
-  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
-  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
-  EXPECT_THROW(slurm_tasks_on_node("2(x3),1", 4), ConfigError);
-  EXPECT_THROW(slurm_tasks_on_node("x", 0), ConfigError);
 }
 
 }  // namespace
