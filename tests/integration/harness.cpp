@@ -205,8 +205,9 @@ bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::
     if (!latest.empty() && latest != before) return true;
     // WNOWAIT leaves the exit status for wait_gpurun.
     siginfo_t info{};
-    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-        info.si_pid != 0)
+    if (pid > 0 &&
+        (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+         info.si_pid != 0))
       return false;
     sleep_for(0.005);
   }

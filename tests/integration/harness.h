@@ -101,9 +101,9 @@ size_t count_of(const std::string& text, const std::string& part);
 void sleep_for(double seconds);
 
 /// Waits until `ckpt_dir`/LATEST names a checkpoint other than `before` (a new checkpoint was
-/// committed), `pid` exits, or `timeout_seconds` pass; true only in the first case. Tests that
-/// interrupt a run "at a random moment" wait for this first and then add a short random delay,
-/// so that every attempt makes progress whatever the machine's speed.
+/// committed), `pid` exits (0: no process to watch), or `timeout_seconds` pass; true only in the
+/// first case. Tests that interrupt a run "at a random moment" wait for this first and then add a
+/// short random delay, so that every attempt makes progress whatever the machine's speed.
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds = 120);
 
