@@ -153,130 +153,127 @@ class Slurm : public ::testing::Test {
     return out;
   }
 
+  /// The test's run: its config (`extra` YAML appended), the digest it ends at trained without
+  /// Slurm (gpurun `reference_args`), and the checkpoint folder of the jobs.
+  void prepare(const std::string& extra = "", const std::vector<std::string>& reference_args = {}) {
+    cfg_ = config(dir_, extra);
+    want_ = reference(dir_, cfg_, reference_args);
+    ckpt_ = dir_ / "ckpt";
+  }
+
+  /// Waits for job `id` to complete, and checks it ended at the reference's digest.
+  void expect_completed_at_the_reference(const std::string& id, double seconds) {
+    ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, seconds), "COMPLETED")
+        << slurp(dir_ / "job.log");
+    EXPECT_EQ(digest(ckpt_), want_) << slurp(dir_ / "job.log");
+  }
+
   std::string cluster_;
   std::vector<std::string> jobs_;
+  TempDir dir_;
+  std::string cfg_, want_, ckpt_;
 };
 
 // The time limit, as examples/slurm/train.sbatch meets it: a 1-minute limit with the signal 40 s
 // before it, for a run of 80 steps of at least 0.8 s each (64 s or more: never done in one
 // start). The job saves at each signal, requeues itself, and its starts add up to the run.
 TEST_F(Slurm, TheTimeLimitsSignalRequeuesTheJobUntilTheRunIsDone) {
-  TempDir dir;
-  const std::string cfg = config(dir);
-  const std::string want = reference(dir, cfg);
-  const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args = sbatch_options(dir);
+  prepare();
+  std::vector<std::string> args = sbatch_options(dir_);
   args.insert(args.end(), {"--time=1", "--signal=B:USR1@40", kExample});
   // The command line's --signal overrides the script's #SBATCH line, which is all gpurun can
   // read: --slurm-signal tells it.
-  const std::string id = submit(args, job_env(cfg, ckpt, 800, "--slurm-signal B:USR1@40"));
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 540), "COMPLETED")
-      << slurp(dir / "job.log");
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 800, "--slurm-signal B:USR1@40"));
+  expect_completed_at_the_reference(id, 540);
   const auto fields = job(id);
   EXPECT_GE(std::stoi(fields.at("Restarts")), 1);
-  EXPECT_EQ(digest(ckpt), want) << slurp(dir / "job.log");
   // One log across the starts (--open-mode=append), each start saying which it is.
-  const std::string log = slurp(dir / "job.log");
+  const std::string log = slurp(dir_ / "job.log");
   EXPECT_TRUE(contains(log, "gpurun job " + id + ": start 1 ")) << log;
   EXPECT_TRUE(contains(log, "gpurun job " + id + ": start 2 ")) << log;
   EXPECT_TRUE(contains(log, "; requeued")) << log;
   EXPECT_TRUE(contains(log, "SIGUSR1 40 s before it")) << log;
   // Each stop was SIGUSR1's.
-  const auto signals = events(ckpt, "signal");
+  const auto signals = events(ckpt_, "signal");
   ASSERT_FALSE(signals.empty());
   for (const auto& s : signals) EXPECT_EQ(s.value("signal", 0), SIGUSR1) << s.dump();
-  const auto resumed = resumes(ckpt, id);
+  const auto resumed = resumes(ckpt_, id);
   ASSERT_FALSE(resumed.empty());
   EXPECT_GE(resumed.back()["job"].value("restart_count", 0), 1);
-  expect_exact_resume_checks(ckpt);
+  expect_exact_resume_checks(ckpt_);
 }
 
-// Preemption by a job of a higher-priority partition (PreemptMode=REQUEUE, GraceTime 30): Slurm
+// Preemption by a job of a higher-priority partition (PreemptMode=REQUEUE, GraceTime=5): Slurm
 // sends SIGTERM at the grace time's end, gpurun saves and exits 75, and Slurm requeues the job
 // itself. Here the job cannot see scontrol (a container without Slurm's commands): the example
 // says so in its log and leaves the requeue to Slurm, which is all a preemption needs.
 TEST_F(Slurm, APreemptedJobSavesAndSlurmRequeuesItEvenWithoutScontrol) {
-  TempDir dir;
-  const std::string cfg = config(dir);
-  const std::string want = reference(dir, cfg);
-  const std::string ckpt = dir / "ckpt";
+  prepare();
   // PATH with `hostname` alone: the job's shell finds no scontrol, and neither does gpurun.
-  fs::create_directories(dir / "bin");
-  fs::create_symlink("/usr/bin/hostname", dir / "bin/hostname");
+  fs::create_directories(dir_ / "bin");
+  fs::create_symlink("/usr/bin/hostname", dir_ / "bin/hostname");
   // 80 steps of 0.8 s or more: Slurm's scheduler takes up to half a minute to preempt.
-  Env env = job_env(cfg, ckpt, 800);
-  env["PATH"] = dir / "bin";
-  std::vector<std::string> args = sbatch_options(dir);
+  Env env = job_env(cfg_, ckpt_, 800);
+  env["PATH"] = dir_ / "bin";
+  std::vector<std::string> args = sbatch_options(dir_);
   args.insert(args.end(),
               {"--partition=low", "--nodelist=gpurun-n0", "--cpus-per-task=2", kExample});
   const std::string id = submit(args, env);
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, "", 120)) << slurp(dir / "job.log");
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, "", 120)) << slurp(dir_ / "job.log");
   const std::string high = submit({"--partition=high", "--nodelist=gpurun-n0", "--cpus-per-task=2",
                                    "--output=/dev/null", "--wrap=sleep 2"},
                                   {});
-  ASSERT_EQ(wait_state(high, {"COMPLETED"}, 180), "COMPLETED") << slurp(dir / "job.log");
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 300), "COMPLETED")
-      << slurp(dir / "job.log");
-  EXPECT_EQ(digest(ckpt), want);
-  const std::string log = slurp(dir / "job.log");
+  ASSERT_EQ(wait_state(high, {"COMPLETED"}, 180), "COMPLETED") << slurp(dir_ / "job.log");
+  expect_completed_at_the_reference(id, 300);
+  const std::string log = slurp(dir_ / "job.log");
   EXPECT_TRUE(contains(log, "scontrol is not available here")) << log;
   EXPECT_TRUE(contains(log, ": start 2 ")) << log;
-  const auto signals = events(ckpt, "signal");
+  const auto signals = events(ckpt_, "signal");
   ASSERT_FALSE(signals.empty());
   EXPECT_EQ(signals.front().value("signal", 0), SIGTERM);
-  EXPECT_GE(resumes(ckpt, id).size(), 1u);
+  EXPECT_GE(resumes(ckpt_, id).size(), 1u);
 }
 
 // scancel --signal=TERM --full (every process of the job, the batch shell included), then
 // `scontrol requeue` by hand: each time gpurun saves, exits 75 and the job starts again.
 TEST_F(Slurm, ScancelSignalTermAndARequeueByHandBothResume) {
-  TempDir dir;
-  const std::string cfg = config(dir);
-  const std::string want = reference(dir, cfg);
-  const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args = sbatch_options(dir);
+  prepare();
+  std::vector<std::string> args = sbatch_options(dir_);
   args.push_back(kExample);
-  const std::string id = submit(args, job_env(cfg, ckpt, 300));
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, "", 120)) << slurp(dir / "job.log");
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 300));
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, "", 120)) << slurp(dir_ / "job.log");
   ASSERT_EQ(ctl({"scancel", "--signal=TERM", "--full", id}).exit_code, 0);
-  ASSERT_TRUE(wait_for_event(ckpt, "resume", {}, 0, 120)) << slurp(dir / "job.log");
-  const std::string before = slurp(ckpt + "/LATEST");
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, before, 120)) << slurp(dir / "job.log");
+  ASSERT_TRUE(wait_for_event(ckpt_, "resume", {}, 0, 120)) << slurp(dir_ / "job.log");
+  const std::string before = slurp(ckpt_ + "/LATEST");
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, before, 120)) << slurp(dir_ / "job.log");
   ASSERT_EQ(ctl({"scontrol", "requeue", id}).exit_code, 0);
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 300), "COMPLETED")
-      << slurp(dir / "job.log");
-  EXPECT_EQ(digest(ckpt), want);
+  expect_completed_at_the_reference(id, 300);
   EXPECT_GE(std::stoi(job(id).at("Restarts")), 2);
-  const auto resumed = resumes(ckpt, id);
+  const auto resumed = resumes(ckpt_, id);
   ASSERT_GE(resumed.size(), 2u);
   EXPECT_EQ(resumed.back()["job"].value("restart_count", 0), 2);
-  expect_exact_resume_checks(ckpt);
+  expect_exact_resume_checks(ckpt_);
 }
 
 // A node failure: everything on the job's node is killed at once (slurmd, gpurun: no save) and
 // the node set DOWN; Slurm requeues the --requeue job, which starts again once the node is back
 // and resumes from the newest checkpoint, not from scratch.
 TEST_F(Slurm, ANodeFailureRequeuesTheJobWhichResumesFromItsNewestCheckpoint) {
-  TempDir dir;
-  const std::string cfg = config(dir);
-  const std::string want = reference(dir, cfg);
-  const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args = sbatch_options(dir);
+  prepare();
+  std::vector<std::string> args = sbatch_options(dir_);
   args.insert(args.end(), {"--nodelist=gpurun-n1", kExample});
-  const std::string id = submit(args, job_env(cfg, ckpt, 300));
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, "", 120)) << slurp(dir / "job.log");
-  const std::string before = slurp(ckpt + "/LATEST");
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, before, 120)) << slurp(dir / "job.log");
-  const int64_t saved = events(ckpt, "checkpoint").back().value("global_step", int64_t{0});
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 300));
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, "", 120)) << slurp(dir_ / "job.log");
+  const std::string before = slurp(ckpt_ + "/LATEST");
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, before, 120)) << slurp(dir_ / "job.log");
+  const int64_t saved = events(ckpt_, "checkpoint").back().value("global_step", int64_t{0});
   const Result crash = run_program({kClusterScript, "node-crash", cluster_, "1"}, 60);
   ASSERT_EQ(crash.exit_code, 0) << crash.err;
   EXPECT_EQ(wait_state(id, {"PENDING", "REQUEUED"}, 60).empty(), false);
   const Result back = run_program({kClusterScript, "node-restart", cluster_, "1"}, 60);
   ASSERT_EQ(back.exit_code, 0) << back.err;
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 300), "COMPLETED")
-      << slurp(dir / "job.log");
-  EXPECT_EQ(digest(ckpt), want);
-  const auto resumed = resumes(ckpt, id);
+  expect_completed_at_the_reference(id, 300);
+  const auto resumed = resumes(ckpt_, id);
   ASSERT_EQ(resumed.size(), 1u);
   // From a checkpoint at least as new as the newest seen before the crash, not from scratch.
   EXPECT_GE(resumed[0].value("global_step", int64_t{0}), saved) << resumed[0].dump();
@@ -289,35 +286,30 @@ class SlurmTasks : public Slurm, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(SlurmTasks, TwoTasksTrainAsTwoRanksAndResumeAfterARequeue) {
   const bool two_nodes = GetParam();
-  TempDir dir;
   // Two nodes: the optimizer state sharded across them; one node: replicated.
-  const std::string cfg = config(dir, two_nodes ? "distributed: {shard: optimizer}\n" : "");
-  const std::string want = reference(dir, cfg, {"--nproc-per-node", "2"});
-  const std::string ckpt = dir / "ckpt";
-  const std::string script = dir / "tasks.sbatch";
+  prepare(two_nodes ? "distributed: {shard: optimizer}\n" : "", {"--nproc-per-node", "2"});
+  const std::string script = dir_ / "tasks.sbatch";
   std::ofstream(script) << "#!/bin/bash\n"
                            "#SBATCH --requeue\n"
                            "echo \"tasks job $SLURM_JOB_ID: start $((${SLURM_RESTART_COUNT:-0} + "
                            "1))\"\n"
                            "srun --kill-on-bad-exit=1 \"$GPURUN\" --resume --ckpt \"$CKPT\" "
                            "\"$CONFIG\"\n";
-  std::vector<std::string> args = sbatch_options(dir);
+  std::vector<std::string> args = sbatch_options(dir_);
   if (two_nodes)
     args.insert(args.end(), {"--nodes=2", "--ntasks-per-node=1"});
   else
     args.insert(args.end(), {"--nodes=1", "--ntasks=2", "--nodelist=gpurun-n0"});
   args.push_back(script);
-  const std::string id = submit(args, job_env(cfg, ckpt, 200));
-  ASSERT_TRUE(wait_for_new_checkpoint(ckpt, 0, "", 180)) << slurp(dir / "job.log");
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 200));
+  ASSERT_TRUE(wait_for_new_checkpoint(ckpt_, 0, "", 180)) << slurp(dir_ / "job.log");
   ASSERT_EQ(ctl({"scontrol", "requeue", id}).exit_code, 0);
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 300), "COMPLETED")
-      << slurp(dir / "job.log");
-  EXPECT_EQ(digest(ckpt), want) << slurp(dir / "job.log");
-  const auto plans = events(ckpt, "plan");
+  expect_completed_at_the_reference(id, 300);
+  const auto plans = events(ckpt_, "plan");
   ASSERT_FALSE(plans.empty());
   EXPECT_EQ(plans.back().value("world_size", 0), 2) << plans.back().dump();
-  EXPECT_GE(resumes(ckpt, id).size(), 1u);
-  expect_exact_resume_checks(ckpt);
+  EXPECT_GE(resumes(ckpt_, id).size(), 1u);
+  expect_exact_resume_checks(ckpt_);
 }
 
 INSTANTIATE_TEST_SUITE_P(OneNodeAndTwoNodes, SlurmTasks, ::testing::Values(false, true),
@@ -326,43 +318,37 @@ INSTANTIATE_TEST_SUITE_P(OneNodeAndTwoNodes, SlurmTasks, ::testing::Values(false
 // Stopped before anything was saved (right as the job starts, gpurun perhaps still loading):
 // the requeued job starts cleanly with --resume on an empty folder.
 TEST_F(Slurm, AJobStoppedBeforeItsFirstCheckpointStartsCleanly) {
-  TempDir dir;
-  const std::string cfg = config(dir);
-  const std::string want = reference(dir, cfg);
-  const std::string ckpt = dir / "ckpt";
-  std::vector<std::string> args = sbatch_options(dir);
+  prepare();
+  std::vector<std::string> args = sbatch_options(dir_);
   args.push_back(kExample);
-  const std::string id = submit(args, job_env(cfg, ckpt, 50));
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 50));
   ASSERT_EQ(wait_state(id, {"RUNNING", "COMPLETED"}, 60), "RUNNING");
   ASSERT_EQ(ctl({"scancel", "--signal=TERM", "--full", id}).exit_code, 0);
-  ASSERT_EQ(wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 300), "COMPLETED")
-      << slurp(dir / "job.log");
-  EXPECT_EQ(digest(ckpt), want);
-  EXPECT_GE(std::stoi(job(id).at("Restarts")), 1) << slurp(dir / "job.log");
+  expect_completed_at_the_reference(id, 300);
+  EXPECT_GE(std::stoi(job(id).at("Restarts")), 1) << slurp(dir_ / "job.log");
 }
 
 // A time limit too short to save in is said at the start: here the job's own #SBATCH line asks
 // for the signal 1 s before the limit, less than one step of this run takes.
 TEST_F(Slurm, ASignalTooLateToSaveInIsWarnedAboutAtTheStart) {
-  TempDir dir;
-  const std::string cfg = config(dir, "");
-  const std::string ckpt = dir / "ckpt";
-  const std::string script = dir / "late.sbatch";
+  cfg_ = config(dir_);  // no reference: the run is cancelled once its start is logged
+  ckpt_ = dir_ / "ckpt";
+  const std::string script = dir_ / "late.sbatch";
   std::ofstream(script) << "#!/bin/bash\n"
                            "#SBATCH --time=10\n"
                            "#SBATCH --signal=B:USR2@1\n"
                            "exec \"$GPURUN\" --ckpt \"$CKPT\" --set train.epochs=1 \"$CONFIG\"\n";
-  std::vector<std::string> args = sbatch_options(dir);
+  std::vector<std::string> args = sbatch_options(dir_);
   args.push_back(script);
-  const std::string id = submit(args, job_env(cfg, ckpt, 2000));
-  ASSERT_TRUE(wait_for_event(ckpt, "plan", {}, 0, 120)) << slurp(dir / "job.log");
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 2000));
+  ASSERT_TRUE(wait_for_event(ckpt_, "plan", {}, 0, 120)) << slurp(dir_ / "job.log");
   ASSERT_EQ(ctl({"scancel", "--full", id}).exit_code, 0);
   wait_state(id, {"COMPLETED", "FAILED", "CANCELLED"}, 120);
-  const std::string log = slurp(dir / "job.log");
+  const std::string log = slurp(dir_ / "job.log");
   EXPECT_TRUE(contains(log, "slurm job " + id + ": ")) << log;
   EXPECT_TRUE(contains(log, "SIGUSR2 1 s before it")) << log;
   EXPECT_TRUE(contains(log, "the job's SIGUSR2 comes 1 s before its time limit")) << log;
-  const auto plans = events(ckpt, "plan");
+  const auto plans = events(ckpt_, "plan");
   ASSERT_FALSE(plans.empty());
   EXPECT_EQ(plans[0]["job"].value("job_id", ""), id);
 }
