@@ -222,8 +222,9 @@ TEST_F(S3, AKillAtEveryStageOfAnUploadLeavesNothingAResumeCouldTake) {
     } else {
       // Started on a bucket holding the killed upload: aborted at the start.
       EXPECT_EQ(uploads(), 0u);
-      if (machine_number == 2)
+      if (machine_number == 2) {
         EXPECT_TRUE(contains(killed.err, "aborting the incomplete upload")) << killed.err;
+      }
     }
   }
   const Env last = machine(dir / "last");
@@ -322,7 +323,9 @@ TEST_F(S3, BadSettingsExitTwoFastWithoutWritingAndNeverShowTheSecret) {
     EXPECT_LT(r.seconds, 10.0) << r.err;
     EXPECT_FALSE(contains(r.err, "epoch 1/")) << r.err;
     EXPECT_FALSE(contains(r.err, secret)) << "the secret is on stderr";
-    if (c.key == "AWS_SECRET_ACCESS_KEY") EXPECT_FALSE(contains(r.err, c.value)) << r.err;
+    if (c.key == "AWS_SECRET_ACCESS_KEY") {
+      EXPECT_FALSE(contains(r.err, c.value)) << r.err;
+    }
     std::error_code ec;
     for (const auto& e : fs::recursive_directory_iterator(dir.path(), ec)) {
       if (!e.is_regular_file()) continue;

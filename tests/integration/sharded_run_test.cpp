@@ -212,7 +212,9 @@ TEST(Sharded, EachRanksPeakOnTheGptMatchesTheEstimateWithinTenPercent) {
       EXPECT_LT(std::abs(estimated - measured) / measured, 0.10)
           << n << " ranks: estimated " << estimated << " bytes; measured " << probed
           << " by the probe, " << trained << " in training";
-    if (previous > 0) EXPECT_LT(trained, previous) << n << " ranks";
+    if (previous > 0) {
+      EXPECT_LT(trained, previous) << n << " ranks";
+    }
     previous = trained;
   }
 }

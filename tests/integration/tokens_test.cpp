@@ -87,7 +87,9 @@ TEST_F(TokensRun, AFileLargerThanTheMemoryLimitTrainsWithAResidentSetThatDoesNot
     write_tokens(dir / "train.bin", text_, repeats[k]);
     write_tokens(dir / "val.bin", text_.substr(0, 100000));
     const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(dir / "train.bin"));
-    if (k == 1) ASSERT_GT(bytes, 3 * (int64_t{64} << 20));
+    if (k == 1) {
+      ASSERT_GT(bytes, 3 * (int64_t{64} << 20));
+    }
     const std::string config = tokens_config(dir, ", context: 64, eval_samples: 32");
     Result r = run_gpurun({config, "--ckpt", dir / "ckpt", "--memory-limit", "64MiB"},
                           {{"GPURUN_FAULT", "sigterm:after_step:12"}});

@@ -86,10 +86,11 @@ TEST(Layering, EveryFileOfRunnerSrcIsInTheRoomsTableAndIncludesNoRowBelowIts) {
         const std::string to_room = (*it)[1].str(), to = (*it)[2].str();
         if (to_room == "gpurun") continue;  // the SDK, at the bottom
         // Where checkpoints live is the policy's business: memory/ and train/ see its types.
-        if (room == "memory" || room == "train")
+        if (room == "memory" || room == "train") {
           EXPECT_NE(to_room, "checkpoint/storage")
               << room << "/" << path.filename().string() << " includes " << to_room << "/" << to
               << ".h: memory/ and train/ include checkpoint/format/ and checkpoint/, not storage";
+        }
         const int theirs = row(to_room, to);
         // A header generated at build time (report/tensorboard_event.pb.h,
         // forecast/bundled_cards.h) belongs to the room that generates it.

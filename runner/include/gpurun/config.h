@@ -227,6 +227,16 @@ struct DistributedConfig {
   std::string shard = "auto";
 };
 
+/// The cloud's preemption notices (launch/notice_watcher.h): a thread of the training process
+/// polls the instance's metadata service and stops the run as a stop signal would, early.
+struct PreemptionConfig {
+  /// auto | aws | gcp | azure | none. auto: the cloud the machine's DMI names
+  /// (/sys/class/dmi/id), none off a cloud, where no request is ever sent.
+  std::string watch = "auto";
+  /// Seconds between polls; AWS advises 5 for its spot notices, which give 2 minutes.
+  double poll_seconds = 5;
+};
+
 /// The resolved configuration: every default filled in, every value checked.
 struct RunConfig {
   ModelConfig model;
@@ -239,6 +249,7 @@ struct RunConfig {
   LogConfig log;
   DistributedConfig distributed;
   SampleConfig sample;
+  PreemptionConfig preemption;
   std::string source;  ///< the file it came from, for messages
   /// The directory relative paths in the config resolve against (config_path()): the run.yaml's
   /// directory for load_config, "" (the current directory) otherwise. Not a config key.

@@ -402,8 +402,9 @@ bool Checkpointer::network_holds(int64_t global_step) const {
   return newest && *newest >= global_step;
 }
 
-void Checkpointer::settle_tiers(double seconds) {
-  if (!copier_ || last_complete_step_ <= 0) return;
+bool Checkpointer::settle_tiers(double seconds) {
+  if (!copier_) return true;
+  if (last_complete_step_ <= 0) return false;
   const std::string name = checkpoint_folder::name_of(last_checkpoint_);
   // The copier's word, not a listing: the grace is for the copy, and storage that hangs would
   // take it all.
@@ -418,7 +419,7 @@ void Checkpointer::settle_tiers(double seconds) {
   if (copied) {
     spdlog::info("checkpoint {} is complete in both tiers: {} and {}", name, last_checkpoint_,
                  (stdfs::path(store_.dir()) / name).string());
-    return;
+    return true;
   }
   const std::optional<int64_t> network = network_newest_step(store_.dir());
   spdlog::warn(
@@ -429,6 +430,7 @@ void Checkpointer::settle_tiers(double seconds) {
                      " cannot be listed: it does not answer or fails)"
       : *network < 0 ? std::string("nothing (the network tier holds no checkpoint)")
                      : "global step " + std::to_string(*network) + " of the network tier");
+  return false;
 }
 
 void Checkpointer::drain() {

@@ -162,8 +162,10 @@ class Checkpointer {
   void drain();
 
   /// After a stop signal, with a local tier: gives the network copy of the newest checkpoint
-  /// at most `seconds` to finish, then logs which tiers hold it. No-op without a local tier.
-  void settle_tiers(double seconds);
+  /// at most `seconds` to finish, then logs which tiers hold it. Returns whether the network
+  /// tier holds it: true without a local tier (the network tier is the only one), false with
+  /// one when nothing was saved yet.
+  bool settle_tiers(double seconds);
 
   /// The checkpoint roots of this run: --ckpt, then the local tier when there is one.
   std::vector<std::string> tier_dirs() const;
@@ -182,6 +184,8 @@ class Checkpointer {
   void finish(int64_t global_step);
 
   const std::string& last_checkpoint() const { return last_checkpoint_; }
+  /// The global step of last_checkpoint(), the newest complete one (0: none yet).
+  int64_t last_complete_step() const { return last_complete_step_; }
 
   /// CheckpointStore::hold_commits(): no checkpoint becomes complete while the lock is held.
   /// The store saves go to: the local tier when there is one.

@@ -155,6 +155,10 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(sample, prompt), any(), "start text; empty: the evaluation text's first characters", kNotHashed},
     {GPURUN_KEY(sample, temperature), at_least(0), "0: greedy; > 0: sample softmax(logits / T)", kNotHashed},
     {GPURUN_KEY(sample, seed), any(), "seed of the sampling generator", kNotHashed},
+    // Where the run learns early that its machine goes away, not what it learns.
+    {GPURUN_KEY(preemption, watch), one_of({"auto", "aws", "gcp", "azure", "none"}), "the cloud metadata service polled for preemption notices: auto (by the machine's DMI) | aws | gcp | azure | none", kNotHashed},
+    // At least 0.1 s: a metadata service throttles a client that asks faster (AWS's IMDS).
+    {GPURUN_KEY(preemption, poll_seconds), at_least(0.1), "seconds between polls of the metadata service", kNotHashed},
   };
   return kSchema;
 }

@@ -66,7 +66,7 @@ SourceFile source_file(const stdfs::path& path, std::string relative) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw IoError("stat", path.string(), errno);
   return {std::move(relative), path.string(), static_cast<int64_t>(st.st_size),
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, ""};
 }
 
 // The regular files of `source` (itself when it is a file), sorted by relative path.

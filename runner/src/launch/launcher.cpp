@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
 
 #include "config/rules.h"
 #include "gpurun/errors.h"
+#include "launch/notice_watcher.h"
 #include "launch/slurm.h"
 #include "launch/supervisor.h"
 #include "report/reporter.h"
@@ -107,6 +109,10 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
         run.dist->rank, run.dist->world_size);
   }
   if (!run.dist || run.dist->rank == 0) spdlog::info("{}", format_resolved(config));
+  // The notices of this machine, watched by one process on it: a notice on any machine stops
+  // every rank, as a signal to one rank does (the ranks agree on a stop at each step).
+  std::optional<NoticeWatcher> watcher;
+  if (!run.dist || run.dist->local_rank == 0) watcher.emplace(config.preemption, env);
   train(config, run, registry);
   return kExitOk;
 }

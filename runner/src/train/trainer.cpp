@@ -474,35 +474,6 @@ void Trainer::check_job_time() const {
   for (const std::string& w : lines.warnings) spdlog::warn("{}", w);
 }
 
-void Trainer::stop_if_signalled(std::optional<bool> agreed) {
-  int sig = stop_signal();
-  if (comm_) {
-    const bool stop =
-        agreed ? *agreed : comm_->all_reduce({sig != 0 ? 1.0 : 0.0}, Collectives::Op::kMax)[0] > 0;
-    if (!stop) return;
-    if (!sig) sig = SIGTERM;  // another rank's signal
-  }
-  if (!sig) return;
-  reporter_.end_progress();
-  const auto signalled = Clock::now();
-  const bool saved = checkpointer_.saved(global_step_);
-  if (saved)
-    spdlog::warn("received signal {} at global step {}, which needs no new checkpoint; stopping",
-                 sig, global_step_);
-  else
-    spdlog::warn("received signal {}; saving at global step {} and stopping", sig, global_step_);
-  reporter_.event(
-      "signal", {{"signal", sig}, {"global_step", global_step_}, {"job", job_json(options_.job)}});
-  if (!saved) save("signal", epoch_, position_);
-  checkpointer_.drain();
-  // What the grace time leaves after the local save goes to the network copy.
-  checkpointer_.settle_tiers(config_.checkpoint.grace_seconds - seconds_since(signalled));
-  if (rank_ == 0 && global_step_ > 0)
-    spdlog::warn("stopping: {}", checkpointer_.not_saved(global_step_));
-  if (comm_) comm_->barrier();
-  throw Stopped(sig);
-}
-
 }  // namespace detail
 
 std::string run_dir_or_default(const RunOptions& options) {

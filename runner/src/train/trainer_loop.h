@@ -1,6 +1,7 @@
 // The training loop's state and steps, private to train/. trainer.cpp runs it: the start or
-// resume, the epochs, the saves and the stops; trainer_step.cpp is one optimizer step (with
-// its fallback after out of memory), the loader that feeds it, and evaluation.
+// resume, the epochs and the saves; trainer_stop.cpp is the stop at a step boundary (a signal
+// or a preemption notice); trainer_step.cpp is one optimizer step (with its fallback after out
+// of memory), the loader that feeds it, and evaluation.
 #pragma once
 
 #include <atomic>
@@ -142,14 +143,18 @@ class Trainer {
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
   void save(const std::string& reason, int64_t epoch, int64_t position);
 
-  /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
-  /// then throw Stopped (exit 75). With several ranks they stop together when any rank got
-  /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
-  /// small all-reduce decides; every rank waits at a barrier until rank 0's checkpoint is
-  /// complete, so that the job's exit 75 means the checkpoint is there.
   /// Logs the scheduler's job and warns when its time limit leaves no time to save
   /// (train/scheduler_job.h); rank 0, at the start.
   void check_job_time() const;
+
+  /// At a step boundary: when a stop signal arrived, save unless this step is saved already,
+  /// then throw Stopped (exit 75). With several ranks they stop together when any rank got
+  /// the signal: `agreed` is the decision carried by this step's gradient sync, otherwise a
+  /// small all-reduce decides; every rank waits in a last all-reduce until rank 0's checkpoint
+  /// is complete, so that the job's exit 75 means the checkpoint is there. A preemption notice
+  /// (util/stop_notice.h) is a stop signal whose copy to the network tier may take until the
+  /// notice's deadline (less kNoticeExitMarginSeconds), whose `signal` event records it and the
+  /// seconds to a safe checkpoint, and which is acknowledged once that checkpoint is safe.
   void stop_if_signalled(std::optional<bool> agreed = std::nullopt);
 
   const RunConfig& config_;

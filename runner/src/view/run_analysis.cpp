@@ -179,9 +179,15 @@ Analysis analyse(const std::vector<json>& events) {
           step, time);
     } else if (name == "signal") {
       const int sig = static_cast<int>(number(e, "signal").value_or(0));
+      // A cloud's preemption notice names itself rather than the SIGTERM it stands for.
+      const json notice = e.value("notice", json());
+      const std::string cause =
+          notice.is_object() ? fmt::format("{} {} notice", text_of(notice.value("cloud", json())),
+                                           text_of(notice.value("kind", json())))
+                             : signal_name(sig);
       a.mark(
           "signal",
-          fmt::format("{} at step {}{}", signal_name(sig), step,
+          fmt::format("{} at step {}{}", cause, step,
                       e.value("immediate", false) ? ": stopped at once" : ": saved, then exit 75"),
           step, time);
     } else if (name == "done") {

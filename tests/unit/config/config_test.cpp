@@ -162,6 +162,26 @@ TEST(Config, TypoSuggestsKey) {
   EXPECT_TRUE(contains(msg, "did you mean train.epochs?"));
 }
 
+// Issue 43: preemption.watch and poll_seconds, typos suggested, bad values named.
+TEST(Config, PreemptionKeysAreCheckedAndSuggested) {
+  const RunConfig defaults = parse_config("", "run.yaml");
+  EXPECT_EQ(defaults.preemption.watch, "auto");
+  EXPECT_EQ(defaults.preemption.poll_seconds, 5);
+  const RunConfig c = parse_config("preemption:\n  watch: gcp\n  poll_seconds: 0.5\n", "run.yaml");
+  EXPECT_EQ(c.preemption.watch, "gcp");
+  EXPECT_EQ(c.preemption.poll_seconds, 0.5);
+  EXPECT_TRUE(contains(error_of("preemption:\n  wacth: aws\n"),
+                       "unknown key preemption.wacth; did you mean preemption.watch?"));
+  EXPECT_TRUE(contains(error_of("preemtion:\n  watch: aws\n"), "did you mean preemption?"));
+  const std::string bad = error_of("", {"preemption.watch=awz"});
+  EXPECT_TRUE(contains(bad, "preemption.watch must be one of")) << bad;
+  EXPECT_TRUE(contains(bad, "did you mean aws?")) << bad;
+  EXPECT_EQ(error_of("preemption:\n  poll_seconds: 0\n"),
+            "run.yaml:2: preemption.poll_seconds must be >= 0.1, got 0.0");
+  // Not a training key: a resume may watch another cloud.
+  EXPECT_EQ(config_hash(defaults), config_hash(c));
+}
+
 TEST(Config, KeyUnderWrongSectionSuggestsItsSection) {
   EXPECT_TRUE(contains(error_of("optim:\n  epochs: 3\n"), "did you mean train.epochs?"));
 }

@@ -160,6 +160,26 @@ TEST(RunReport, AResumeKeepsTheStepsOfTheProcessThatWentOn) {
   }
 }
 
+// A stop by a cloud's preemption notice is marked with the notice, not the SIGTERM it stands for.
+TEST(RunReport, ANoticeStopIsMarkedWithTheNotice) {
+  gpurun::RunHistory run;
+  run.dir = "/runs/x";
+  run.events = {
+      {{"event", "step"}, {"time", 110.0}, {"global_step", 10}, {"loss", 2.0}, {"lr", 0.1}},
+      {{"event", "signal"},
+       {"time", 112.0},
+       {"global_step", 12},
+       {"signal", 15},
+       {"notice", {{"cloud", "aws"}, {"kind", "terminate"}, {"seconds_left", 118.0}}},
+       {"safe_seconds", 1.5}},
+      {{"event", "done"}, {"time", 113.0}, {"exit_code", 75}},
+  };
+  const json data = gpurun::run_report_data(run);
+  ASSERT_EQ(data["marks"].size(), 1u);
+  EXPECT_EQ(data["marks"][0]["kind"], "signal");
+  EXPECT_EQ(data["marks"][0]["label"], "aws terminate notice at step 12: saved, then exit 75");
+}
+
 // A run that logged every step for long: each line is cut to a few thousand points, and a
 // single spike and a single dip among 100000 steps are still drawn.
 TEST(RunReport, ALongRunIsThinnedWithoutLosingItsSpikes) {
