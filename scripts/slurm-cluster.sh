@@ -47,7 +47,9 @@
 #
 # NOTES
 #   Debian 12's Slurm 22.05 with proctrack/linuxproc and task/none: no cgroup, no systemd.
-#   Everything runs as root (SlurmUser=root), as in a container. Start takes about 5 s.
+#   Everything runs as root (SlurmUser=root), as in a container. Start and stop take under a
+#   second. One cluster per machine: the namespaces' names and the nodes' addresses are fixed
+#   (a start stops a cluster it finds in them, from whatever DIR).
 set -Eeuo pipefail
 
 die() { echo "slurm-cluster: $*" >&2; exit 1; }
