@@ -14,8 +14,8 @@
 #   start creates DIR and starts, with all state, spool, logs and pid files under DIR (nothing in
 #   /etc/slurm, /etc/munge or /var):
 #     munged      with a key of its own (DIR/munge/munge.key) on its own socket
-#     two nodes   network namespaces joined by a veth pair: gpurun-n0 at 10.234.0.1 and
-#                 gpurun-n1 at 10.234.0.2 (/etc/netns/NS/hosts names both, so that a job's
+#     two nodes   network namespaces gpurun-slurm-n0 and gpurun-slurm-n1 joined by a veth
+#                 pair: node gpurun-n0 at 10.234.0.1 and gpurun-n1 at 10.234.0.2 (/etc/netns/NS/hosts names both, so that a job's
 #                 SLURM_JOB_NODELIST resolves on either node)
 #     slurmctld   on node 0 (SlurmctldHost=gpurun-n0)
 #     slurmd      one per node, each with the node's host name (UTS namespace)
@@ -31,7 +31,7 @@
 #
 #   stop stops the daemons by their pid files (SIGTERM, up to 10 s, then SIGKILL), kills any
 #   process left in the nodes' namespaces (jobs included), deletes the namespaces and
-#   /etc/netns/NS, checks that nothing is left, and empties DIR (DIR/log stays with
+#   /etc/netns/NS, checks that nothing is left, and removes DIR (DIR/log stays with
 #   --keep-logs).
 #
 #   exec runs COMMAND in NODE's network namespace (default 0) with SLURM_CONF set.

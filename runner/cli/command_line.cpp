@@ -264,7 +264,10 @@ Command parse_command_line(int argc, const char* const argv[]) {
   if (r.count("node-rank")) launch.flags.node_rank = r["node-rank"].as<int>();
   if (r.count("master-addr")) launch.flags.master_addr = r["master-addr"].as<std::string>();
   if (r.count("master-port")) launch.flags.master_port = r["master-port"].as<int>();
-  if (r.count("slurm-signal")) launch.slurm_signal = r["slurm-signal"].as<std::string>();
+  if (r.count("slurm-signal")) {
+    launch.slurm_signal = r["slurm-signal"].as<std::string>();
+    if (launch.slurm_signal.empty()) usage_error("--slurm-signal needs a signal, e.g. B:USR1@120");
+  }
   launch.worker_argv = worker_argv(argc, argv);
   if (const char* restarts = std::getenv("GPURUN_RESTART_COUNT"))
     cmd.run.restart_count = std::atoll(restarts);

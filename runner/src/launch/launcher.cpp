@@ -29,7 +29,13 @@ constexpr double kControllerTimeoutSeconds = 5;
 SchedulerJob slurm_context(const Environment& env, const std::string& flag, bool ask) {
   std::optional<SlurmSignal> signal;
   std::string signal_text = flag;
-  if (!flag.empty()) signal = parse_slurm_signal(flag);
+  if (!flag.empty()) {
+    try {
+      signal = parse_slurm_signal(flag);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--slurm-signal: ") + e.what());
+    }
+  }
   SchedulerJob job;
   if (const std::optional<SlurmJob> slurm = slurm_job(env)) {
     job.scheduler = "slurm";

@@ -5,6 +5,16 @@
 #include <nlohmann/json.hpp>
 
 namespace gpurun {
+namespace {
+
+// sbatch's spelling of a signal: "SIGUSR1" -> "USR1", "signal 40" -> "40".
+std::string sbatch_name(const std::string& name) {
+  if (name.rfind("SIG", 0) == 0) return name.substr(3);
+  const size_t space = name.rfind(' ');
+  return space == std::string::npos ? name : name.substr(space + 1);
+}
+
+}  // namespace
 
 nlohmann::json job_json(const SchedulerJob& job) {
   if (job.scheduler.empty()) return nullptr;
@@ -35,7 +45,7 @@ JobLines describe_job(const SchedulerJob& job, const StopCost& cost, double now_
         "the job's {} comes {:.0f} s before its time limit, but {}: the limit may kill the run "
         "before its checkpoint is complete; ask for the signal earlier (sbatch "
         "--signal=B:{}@{:.0f})",
-        job.signal, job.signal_lead_seconds, need, job.signal.substr(3),
+        job.signal, job.signal_lead_seconds, need, sbatch_name(job.signal),
         std::max(120.0, 2 * cost.total())));
   if (limited && left < cost.total())
     out.warnings.push_back(fmt::format(

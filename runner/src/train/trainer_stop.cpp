@@ -33,7 +33,7 @@ void Trainer::stop_if_signalled(std::optional<bool> agreed) {
   // This machine's notice, if a notice is the cause (one process of each machine watches).
   const std::optional<StopNotice> notice = stop_notice();
   const std::string cause =
-      notice ? "a preemption notice, " + notice->describe() : "signal " + std::to_string(sig);
+      notice ? "a preemption notice, " + notice->describe() : "signal " + signal_name(sig);
   const bool saved = checkpointer_.saved(global_step_);
   if (saved)
     spdlog::warn("received {} at global step {}, which needs no new checkpoint; stopping", cause,

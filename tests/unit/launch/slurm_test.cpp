@@ -158,6 +158,12 @@ TEST(SlurmEnv, TheStartWarnsWhenTheTimeLimitLeavesNoTimeToSave) {
   ASSERT_EQ(lines.warnings.size(), 1u);
   EXPECT_NE(lines.warnings[0].find("no warning signal"), std::string::npos);
   EXPECT_TRUE(describe_job(SchedulerJob{}, cost, 900).info.empty());
+  // A signal without a name is suggested by its number, as sbatch takes it.
+  job.signal = "signal 40";
+  cost.save_seconds = 100;
+  lines = describe_job(job, cost, 900);
+  ASSERT_FALSE(lines.warnings.empty());
+  EXPECT_NE(lines.warnings[0].find("--signal=B:40@"), std::string::npos) << lines.warnings[0];
 }
 
 TEST(SlurmEnv, CommandOutputIsStdoutOfASuccessWithinItsTime) {
