@@ -33,9 +33,9 @@ JobLines describe_job(const SchedulerJob& job, const StopCost& cost, double now_
                                           job.restart_count == 1 ? "" : "s")
                             : "",
       limited ? fmt::format(": {:.0f} s to its time limit", left) : "",
-      job.signal.empty()
-          ? ""
-          : fmt::format("; {} {:.0f} s before it", job.signal, job.signal_lead_seconds));
+      job.signal.empty() ? ""
+                         : fmt::format("; {} {:.0f} s before {}", job.signal,
+                                       job.signal_lead_seconds, limited ? "it" : "its time limit"));
   const std::string need = fmt::format(
       "a step and a save take about {:.1f} s here ({:.1f} s the step, {:.1f} s the save{})",
       cost.total(), cost.step_seconds, cost.save_seconds,

@@ -158,6 +158,12 @@ TEST(SlurmEnv, TheStartWarnsWhenTheTimeLimitLeavesNoTimeToSave) {
   ASSERT_EQ(lines.warnings.size(), 1u);
   EXPECT_NE(lines.warnings[0].find("no warning signal"), std::string::npos);
   EXPECT_TRUE(describe_job(SchedulerJob{}, cost, 900).info.empty());
+  // No time limit known (no scontrol): the signal's lead still reads as a sentence.
+  SchedulerJob unlimited = job;
+  unlimited.time_limit_unix = 0;
+  unlimited.signal = "SIGUSR1";
+  EXPECT_EQ(describe_job(unlimited, cost, 900).info,
+            "slurm job 7 (requeued 2 times); SIGUSR1 60 s before its time limit");
   // A signal without a name is suggested by its number, as sbatch takes it.
   job.signal = "signal 40";
   cost.save_seconds = 100;
