@@ -70,6 +70,9 @@ class IoError : public Error {
 class Stopped : public Error {
  public:
   explicit Stopped(int signal_number);
+  /// A stop whose cause is not the signal itself (a cloud's preemption notice, which stops the
+  /// run as SIGTERM would): "stopped by CAUSE; run again with --resume".
+  Stopped(int signal_number, const std::string& cause);
   int signal_number() const noexcept { return signal_; }
 
  private:

@@ -82,6 +82,7 @@ void Trainer::stop_if_signalled(std::optional<bool> agreed) {
           "event starts at {} instead",
           notice->cloud, notice->event_id, utc_text(notice->deadline));
   }
+  if (notice) throw Stopped(sig, "a preemption notice, " + notice->describe());
   throw Stopped(sig);
 }
 

@@ -15,6 +15,9 @@ Stopped::Stopped(int signal_number)
     : Error("stopped by " + signal_name(signal_number) + "; run again with --resume"),
       signal_(signal_number) {}
 
+Stopped::Stopped(int signal_number, const std::string& cause)
+    : Error("stopped by " + cause + "; run again with --resume"), signal_(signal_number) {}
+
 int exit_code_for(const std::exception& e) noexcept {
   if (dynamic_cast<const ConfigError*>(&e)) return kExitUsage;
   if (dynamic_cast<const ResumeError*>(&e)) return kExitNoResume;
