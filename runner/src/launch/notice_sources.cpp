@@ -69,7 +69,7 @@ class AwsSource final : public NoticeSource {
  public:
   explicit AwsSource(std::string base) : NoticeSource(std::move(base)) {}
 
-  std::optional<StopNotice> poll(MetadataHttp& http, OnceLog& log) override {
+  std::optional<StopNotice> poll(HttpClient& http, OnceLog& log) override {
     const std::string spot = "GET /latest/meta-data/spot/instance-action";
     std::optional<HttpAnswer> a = get(http, log, "/latest/meta-data/spot/instance-action");
     if (!a) return std::nullopt;
@@ -84,7 +84,7 @@ class AwsSource final : public NoticeSource {
   /// IMDSv2's longest token: 6 hours.
   static constexpr int kTokenSeconds = 21600;
 
-  bool fetch_token(MetadataHttp& http, OnceLog& log) {
+  bool fetch_token(HttpClient& http, OnceLog& log) {
     const std::string what = "PUT /latest/api/token";
     HttpRequest r;
     r.method = "PUT";
@@ -110,7 +110,7 @@ class AwsSource final : public NoticeSource {
   }
 
   /// GET `path` with the token: nullopt when no token could be had (logged).
-  std::optional<HttpAnswer> get(MetadataHttp& http, OnceLog& log, const std::string& path) {
+  std::optional<HttpAnswer> get(HttpClient& http, OnceLog& log, const std::string& path) {
     if ((token_.empty() || Clock::now() >= token_expiry_) && !fetch_token(http, log))
       return std::nullopt;
     HttpRequest r;
@@ -134,7 +134,7 @@ class GcpSource final : public NoticeSource {
   GcpSource(std::string base, double poll_seconds)
       : NoticeSource(std::move(base)), wait_seconds_(std::max(1.0, std::ceil(poll_seconds))) {}
 
-  std::optional<StopNotice> poll(MetadataHttp& http, OnceLog& log) override {
+  std::optional<StopNotice> poll(HttpClient& http, OnceLog& log) override {
     const std::string preempted = "/computeMetadata/v1/instance/preempted";
     HttpRequest r = request(preempted);
     // Once the value's ETag is known, wait for it to change: a preemption is seen at once,
@@ -189,7 +189,7 @@ class AzureSource final : public NoticeSource {
  public:
   explicit AzureSource(std::string base) : NoticeSource(std::move(base)) {}
 
-  std::optional<StopNotice> poll(MetadataHttp& http, OnceLog& log) override {
+  std::optional<StopNotice> poll(HttpClient& http, OnceLog& log) override {
     if (vm_name_.empty()) {
       const std::string path = "/metadata/instance/compute/name?api-version=2021-02-01&format=text";
       const HttpAnswer a = http.send(request(path));
@@ -234,7 +234,7 @@ class AzureSource final : public NoticeSource {
         r.headers = {"Metadata: true", "Content-Type: application/json"};
         r.body = nlohmann::json({{"StartRequests", {{{"EventId", id}}}}}).dump();
         r.total_seconds = 5;
-        MetadataHttp http;
+        HttpClient http;
         const HttpAnswer a = http.send(r);
         if (a.status >= 200 && a.status < 300) {
           spdlog::info("preemption notice: acknowledged Azure event {}; the machine may go now",

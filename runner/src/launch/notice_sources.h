@@ -1,5 +1,5 @@
 // The requests of each cloud's preemption protocol (launch/cloud_notices.h reads the answers):
-// one round of polling per call, over a MetadataHttp, with whatever goes wrong logged once and
+// one round of polling per call, over a HttpClient, with whatever goes wrong logged once and
 // never thrown. A bad answer never stops training: only a notice read as the protocol says does.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include "distributed/worker_env.h"
 #include "launch/cloud_detect.h"
-#include "launch/metadata_http.h"
+#include "util/http.h"
 #include "util/stop_notice.h"
 
 namespace gpurun {
@@ -49,7 +49,7 @@ class NoticeSource {
  public:
   virtual ~NoticeSource() = default;
   /// One round of requests: the notice to act on now, or nullopt.
-  virtual std::optional<StopNotice> poll(MetadataHttp& http, OnceLog& log) = 0;
+  virtual std::optional<StopNotice> poll(HttpClient& http, OnceLog& log) = 0;
   /// The service's base URL, for the log.
   const std::string& endpoint() const { return base_; }
 

@@ -40,7 +40,7 @@ NoticeWatcher::NoticeWatcher(const PreemptionConfig& config, const Environment& 
   }
   try {
     source_ = make_notice_source(cloud_, env, config.poll_seconds);
-    http_ = std::make_unique<MetadataHttp>();
+    http_ = std::make_unique<HttpClient>();
     thread_ = std::thread([this] { run(); });
   } catch (const std::exception& e) {
     // The run goes on without the notices rather than not at all: a signal still stops it.

@@ -17,8 +17,8 @@
 #include "distributed/worker_env.h"
 #include "gpurun/config.h"
 #include "launch/cloud_detect.h"
-#include "launch/metadata_http.h"
 #include "launch/notice_sources.h"
+#include "util/http.h"
 
 namespace gpurun {
 
@@ -47,7 +47,7 @@ class NoticeWatcher {
   const Cloud cloud_;
   const std::chrono::duration<double> poll_;
   std::unique_ptr<NoticeSource> source_;
-  std::unique_ptr<MetadataHttp> http_;
+  std::unique_ptr<HttpClient> http_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;  ///< guarded by mutex_

@@ -1,6 +1,6 @@
 // The clouds' preemption protocols read from answers as the services write them
 // (launch/cloud_notices.h), the DMI strings that name a cloud (launch/cloud_detect.h), and an
-// HTTP request in flight ended at once (launch/metadata_http.h). The requests themselves meet
+// HTTP request in flight ended at once (util/http.h). The requests themselves meet
 // a real server in tests/integration/cloud_notice_test.cpp.
 #include "launch/cloud_notices.h"
 
@@ -17,8 +17,8 @@
 
 #include "common/temp_dir.h"
 #include "launch/cloud_detect.h"
-#include "launch/metadata_http.h"
 #include "util/clock.h"
+#include "util/http.h"
 
 namespace gpurun {
 namespace {
@@ -175,7 +175,7 @@ TEST(CloudDetect, ReadsAFolderOfDmiFiles) {
 
 // A server that accepts the connection and never answers: abort() from another thread ends the
 // request at once, whatever its timeout, so that the end of a run never waits for the watcher.
-TEST(MetadataHttp, AbortEndsARequestInFlightAtOnce) {
+TEST(HttpClient, AbortEndsARequestInFlightAtOnce) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(listener, 0);
   sockaddr_in address{};
@@ -185,7 +185,7 @@ TEST(MetadataHttp, AbortEndsARequestInFlightAtOnce) {
   ASSERT_EQ(listen(listener, 4), 0);
   socklen_t length = sizeof address;
   getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  MetadataHttp http;
+  HttpClient http;
   HttpRequest r;
   r.url = "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port)) + "/silent";
   r.total_seconds = 60;
@@ -204,8 +204,8 @@ TEST(MetadataHttp, AbortEndsARequestInFlightAtOnce) {
   EXPECT_EQ(http.send(r).error, "aborted");  // and later ones return at once
 }
 
-TEST(MetadataHttp, NoServerIsAnAnswerWithAnError) {
-  MetadataHttp http;
+TEST(HttpClient, NoServerIsAnAnswerWithAnError) {
+  HttpClient http;
   HttpRequest r;
   r.url = "http://127.0.0.1:1/nothing";  // port 1: nothing listens, refused at once
   const HttpAnswer a = http.send(r);

@@ -1,4 +1,4 @@
-#include "launch/metadata_http.h"
+#include "util/http.h"
 
 #include <curl/curl.h>
 
@@ -23,7 +23,7 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
   auto* answer = static_cast<HttpAnswer*>(user);
   const size_t n = size * count;
   const size_t room =
-      MetadataHttp::kMaxBodyBytes - std::min(answer->body.size(), MetadataHttp::kMaxBodyBytes);
+      HttpClient::kMaxBodyBytes - std::min(answer->body.size(), HttpClient::kMaxBodyBytes);
   answer->body.append(data, std::min(n, room));
   if (n > room) answer->cut = true;
   return n;  // the rest is read and dropped: the connection stays in order
@@ -47,20 +47,20 @@ size_t on_header(char* data, size_t size, size_t count, void* user) {
 
 }  // namespace
 
-MetadataHttp::MetadataHttp() {
+HttpClient::HttpClient() {
   init_curl();
   multi_ = curl_multi_init();
   if (!multi_) throw std::runtime_error("curl_multi_init failed");
 }
 
-MetadataHttp::~MetadataHttp() { curl_multi_cleanup(static_cast<CURLM*>(multi_)); }
+HttpClient::~HttpClient() { curl_multi_cleanup(static_cast<CURLM*>(multi_)); }
 
-void MetadataHttp::abort() {
+void HttpClient::abort() {
   aborted_ = true;
   curl_multi_wakeup(static_cast<CURLM*>(multi_));
 }
 
-HttpAnswer MetadataHttp::send(const HttpRequest& r) {
+HttpAnswer HttpClient::send(const HttpRequest& r) {
   HttpAnswer answer;
   if (aborted_) {
     answer.error = "aborted";
@@ -78,7 +78,7 @@ HttpAnswer MetadataHttp::send(const HttpRequest& r) {
   CURL* h = easy.get();
   curl_easy_setopt(h, CURLOPT_URL, r.url.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+  if (!r.proxy) curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
   curl_easy_setopt(h, CURLOPT_USERAGENT, "gpurun");
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(r.connect_seconds * 1000));
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(r.total_seconds * 1000));

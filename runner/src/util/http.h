@@ -1,9 +1,11 @@
-// Plain HTTP to an instance metadata service (AWS IMDS, GCP's metadata server, Azure IMDS):
-// one libcurl request at a time, never through a proxy (the clouds' docs: the service answers
-// on a link-local address that a proxy cannot reach, and a proxy must not see its tokens),
-// bounded by a connect and a total timeout, and abortable at once from another thread, so that
-// the end of training never waits for a request in flight (curl's multi interface:
-// curl_multi_poll() woken by curl_multi_wakeup(), libcurl 7.68 or newer).
+// One HTTP(S) request at a time through libcurl, bounded by a connect and a total timeout, and
+// abortable at once from another thread, so that the end of training never waits for a request
+// in flight (curl's multi interface: curl_multi_poll() woken by curl_multi_wakeup(), libcurl
+// 7.68 or newer). Used for an instance metadata service (AWS IMDS, GCP's metadata server, Azure
+// IMDS; never through a proxy: the clouds' docs say the service answers on a link-local address
+// that a proxy cannot reach, and a proxy must not see its tokens) and for the webhooks of
+// notify.url (through the environment's proxy, as curl's own tool: a cluster's compute nodes
+// often reach the internet through one).
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,9 @@ struct HttpRequest {
   std::string body;                  ///< PUT and POST only
   double connect_seconds = 1;        ///< to connect, seconds
   double total_seconds = 3;          ///< for the whole exchange, seconds
+  /// Use the proxy of http_proxy / https_proxy / no_proxy (libcurl's reading of them); false:
+  /// never a proxy (a metadata service).
+  bool proxy = false;
 };
 
 struct HttpAnswer {
@@ -31,15 +36,15 @@ struct HttpAnswer {
   std::map<std::string, std::string> headers;  ///< response headers, names in lower case
 };
 
-class MetadataHttp {
+class HttpClient {
  public:
   static constexpr size_t kMaxBodyBytes = size_t{1} << 20;
 
   /// Throws std::runtime_error when libcurl cannot be initialised.
-  MetadataHttp();
-  ~MetadataHttp();
-  MetadataHttp(const MetadataHttp&) = delete;
-  MetadataHttp& operator=(const MetadataHttp&) = delete;
+  HttpClient();
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
 
   /// Sends `request` and waits for its answer, its timeout or abort(); never throws for what
   /// the network or the server does (it is in the answer).
