@@ -17,6 +17,7 @@
 #include "checkpoint/storage/checkpoint_storage.h"
 #include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
+#include "notify/notice_message.h"
 #include "queue/queue_state.h"
 #include "queue/queue_summary.h"
 #include "report/metrics_tail.h"
@@ -139,6 +140,10 @@ int status_command(const std::string& dir, bool json, std::ostream& out) {
   if (s.contains("local_tier"))
     out << "  in --ckpt     " << s.value("last_network_checkpoint", std::string("none yet"))
         << "\n";
+  if (s.contains("eval_loss"))
+    out << "eval            loss " << get("eval_loss") << ", accuracy " << get("eval_accuracy")
+        << "\n";
+  if (s.contains("cost")) out << "cost            " << describe_cost(s["cost"]) << "\n";
   out << "restarts        " << get("restarts") << "\n"
       << "checkpoints     " << checkpoint_line << "\n";
   if (!problem.empty() && problem != checkpoint_line) out << "  NOT INTACT    " << problem << "\n";

@@ -237,6 +237,35 @@ struct PreemptionConfig {
   double poll_seconds = 5;
 };
 
+/// Messages about the run to a person who is not watching (notify/notifier.h; README
+/// "Notifications"): a JSON POST to a webhook and/or a command fed the same JSON on stdin.
+struct NotifyConfig {
+  /// http:// or https:// URL of a webhook (Slack, Discord, ntfy, your own), or $NAME: the URL in
+  /// the environment variable NAME. It may hold a secret: it is never logged, never written to
+  /// an event, status.json or a manifest. "": no POST.
+  std::string url;
+  /// The events sent: started, checkpoint_failed, preempted, stalled, failed, finished, budget.
+  std::vector<std::string> on{"started", "checkpoint_failed", "preempted", "stalled",
+                              "failed",  "finished",          "budget"};
+  /// A shell command run with the message's JSON on stdin (e.g. `sendmail -t` behind a
+  /// script); "": none.
+  std::string command;
+};
+
+/// The money a run costs (train/cost_ledger.h; README "Cost and budget").
+struct CostConfig {
+  /// Price of one rank's device per hour (a card-hour, as price_per_hour in the cards file),
+  /// in your currency; the run's rate is this times the world size. 0: the price of the
+  /// bundled cards file's card that the device's name matches, else unknown (time only).
+  double price_per_hour = 0;
+  /// Stop (save, exit 4) before the spend passes it; 0: no budget. A resume goes on only with
+  /// a larger one.
+  double budget = 0;
+  /// A shell command run once a run has finished or stopped at its budget, after its final
+  /// checkpoint is safe in --ckpt (e.g. `sudo poweroff`); "": none.
+  std::string stop_command;
+};
+
 /// The resolved configuration: every default filled in, every value checked.
 struct RunConfig {
   ModelConfig model;
@@ -250,6 +279,8 @@ struct RunConfig {
   DistributedConfig distributed;
   SampleConfig sample;
   PreemptionConfig preemption;
+  NotifyConfig notify;
+  CostConfig cost;
   std::string source;  ///< the file it came from, for messages
   /// The directory relative paths in the config resolve against (config_path()): the run.yaml's
   /// directory for load_config, "" (the current directory) otherwise. Not a config key.

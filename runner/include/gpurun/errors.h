@@ -15,6 +15,7 @@ enum ExitCode : int {
   kExitFailure = 1,   ///< any other failure; the supervisor retries it
   kExitUsage = 2,     ///< usage or config error, or the directory is held by a live run
   kExitNoResume = 3,  ///< cannot resume: no valid checkpoint, config or ABI mismatch
+  kExitBudget = 4,    ///< stopped before cost.budget was spent, after saving: raise it to resume
   kExitSignal = 75,   ///< stopped by a signal after saving: run again with --resume
 };
 
@@ -77,6 +78,13 @@ class Stopped : public Error {
 
  private:
   int signal_;
+};
+
+/// The run stopped, its state saved, because going on would spend more than cost.budget; or a
+/// resume was refused because the budget is spent. Exit 4: resume with a larger cost.budget.
+class BudgetReached : public Error {
+ public:
+  using Error::Error;
 };
 
 /// Maps an exception caught at the boundary to the exit code docs/architecture.md assigns to it.

@@ -25,6 +25,7 @@
 
 #include "config/rules.h"
 #include "config/schema.h"
+#include "config/shown.h"
 #include "config/suggest.h"
 #include "config/value.h"
 #include "gpurun/errors.h"
@@ -374,7 +375,21 @@ nlohmann::json config_to_json(const RunConfig& config) {
   for (const Key& k : schema()) {
     j[pointer_of(k.name)] = value_json(field_of(k, config), k.limit.word);
   }
+  j["notify"]["url"] = shown_url(config.notify.url);
   return j;
+}
+
+std::string shown_argument(const std::string& arg) {
+  static const std::string kKey = "notify.url=";
+  const size_t at = arg.find(kKey);
+  if (at == std::string::npos) return arg;
+  return arg.substr(0, at + kKey.size()) + shown_url(arg.substr(at + kKey.size()));
+}
+
+std::string shown_url(const std::string& url) {
+  // A webhook's URL is its password (Slack's, Discord's); $NAME only names where it is.
+  if (url.empty() || url[0] == '$') return url;
+  return kHiddenUrl;
 }
 
 RunConfig config_from_json(const nlohmann::json& j) {
@@ -438,8 +453,11 @@ std::string format_resolved(const RunConfig& config) {
   std::string out =
       config.source.empty() ? "resolved config:\n" : "resolved config (" + config.source + "):\n";
   for (const Key& k : schema()) {
-    out += "  " + std::string(k.name) + std::string(width + 2 - std::strlen(k.name), ' ') +
-           format_value(field_of(k, config), k.limit.word) + "\n";
+    const std::string value = &k == find_key("notify.url")
+                                  ? shown_url(config.notify.url)
+                                  : format_value(field_of(k, config), k.limit.word);
+    out += "  " + std::string(k.name) + std::string(width + 2 - std::strlen(k.name), ' ') + value +
+           "\n";
   }
   return out;
 }

@@ -28,6 +28,8 @@ Limit size_or(std::vector<std::string> words) {
   return l;
 }
 
+std::vector<std::string> notify_events() { return NotifyConfig().on; }
+
 constexpr bool kHashed = true;  // changes what is learned: part of config_hash
 constexpr bool kNotHashed = false;
 
@@ -159,6 +161,13 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(preemption, watch), one_of({"auto", "aws", "gcp", "azure", "none"}), "the cloud metadata service polled for preemption notices: auto (by the machine's DMI) | aws | gcp | azure | none", kNotHashed},
     // At least 0.1 s: a metadata service throttles a client that asks faster (AWS's IMDS).
     {GPURUN_KEY(preemption, poll_seconds), at_least(0.1), "seconds between polls of the metadata service", kNotHashed},
+    // Who is told about the run, and what it costs: nothing of what is learned.
+    {GPURUN_KEY(notify, url), any(), "webhook the run's messages are POSTed to (JSON with a text field), or $NAME: the URL in that environment variable; never logged", kNotHashed},
+    {GPURUN_KEY(notify, on), one_of(notify_events()), "events sent: started, checkpoint_failed, preempted, stalled, failed, finished, budget", kNotHashed},
+    {GPURUN_KEY(notify, command), any(), "shell command run with each message's JSON on stdin", kNotHashed},
+    {GPURUN_KEY(cost, price_per_hour), at_least(0), "price of one rank's device per hour; 0: the cards file's for the device, else unknown", kNotHashed},
+    {GPURUN_KEY(cost, budget), at_least(0), "save and exit 4 before the spend passes it; 0: none", kNotHashed},
+    {GPURUN_KEY(cost, stop_command), any(), "shell command run after a finished or budget-stopped run, once its checkpoint is safe", kNotHashed},
   };
   return kSchema;
 }

@@ -244,6 +244,12 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       if (!item.IsScalar() || item.Scalar().empty()) return type_error(what);
       if (invalid_utf8_at(item.Scalar()) != std::string::npos)
         return name + " must be UTF-8 text, got " + show(n);
+      if (!limit.choices.empty() && std::find(limit.choices.begin(), limit.choices.end(),
+                                              item.Scalar()) == limit.choices.end()) {
+        const std::string guess = nearest_of(item.Scalar(), limit.choices);
+        return name + " has " + show(item) + ", which is not " + limit.describe() +
+               (guess.empty() ? "" : "; did you mean " + guess + "?");
+      }
       values.push_back(item.Scalar());
     }
     **l = std::move(values);

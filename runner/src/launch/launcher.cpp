@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 
@@ -12,8 +16,10 @@
 #include "launch/notice_watcher.h"
 #include "launch/slurm.h"
 #include "launch/supervisor.h"
+#include "notify/notifier.h"
 #include "report/reporter.h"
 #include "util/clock.h"
+#include "util/fs.h"
 #include "util/signals.h"
 
 namespace gpurun {
@@ -70,6 +76,44 @@ SchedulerJob slurm_context(const Environment& env, const std::string& flag, bool
   return job;
 }
 
+// Set by our supervisor in its workers' environment: it sends `failed` and runs
+// cost.stop_command, since only it knows whether a restart follows.
+constexpr const char* kSupervisedVariable = "GPURUN_SUPERVISED";
+
+// What the run's status.json says, for a message from a process that does not train (the
+// supervisor) or no longer does (a failure): {} when there is none.
+nlohmann::json read_status(const std::string& run_dir) {
+  try {
+    const std::string path = run_dir + "/status.json";
+    if (!fs::exists(path)) return nlohmann::json::object();
+    nlohmann::json status = nlohmann::json::parse(fs::read_file(path), nullptr, false);
+    return status.is_object() ? status : nlohmann::json::object();
+  } catch (const std::exception&) {
+    return nlohmann::json::object();
+  }
+}
+
+// The run's name in messages: its checkpoint directory's last part ("exp1").
+std::string run_name(const RunOptions& run) {
+  std::string dir = run.ckpt_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string name = std::filesystem::path(dir).filename().string();
+  return name.empty() ? dir : name;
+}
+
+// cost.stop_command once the run has finished (0) or stopped at its budget (4): the final
+// checkpoint is safe in --ckpt by then (the trainer's finish() waited for the network tier).
+// Its messages go out first, since the command may power the machine off.
+void after_the_run(const RunConfig& config, int code, Notifier* notifier) {
+  if (notifier) notifier->flush(Notifier::kExitWaitSeconds);
+  if (config.cost.stop_command.empty() || (code != kExitOk && code != kExitBudget)) return;
+  spdlog::info("cost.stop_command (the run {}): {}",
+               code == kExitOk ? "finished" : "stopped at its budget", config.cost.stop_command);
+  ::setenv("GPURUN_EXIT_CODE", std::to_string(code).c_str(), 1);
+  const int status = std::system(config.cost.stop_command.c_str());
+  if (status != 0) spdlog::warn("cost.stop_command exited with status {}", status);
+}
+
 }  // namespace
 
 int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest& request,
@@ -88,8 +132,23 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
     // world size is where this meets users).
     if (const std::string problem = detail::batch_split_problem(config, world); !problem.empty())
       throw ConfigError(problem);
-    if (world > 1 || request.max_restarts > 0 || request.hang_timeout > 0) {
+    // A `failed` message must also come when the process that trains is killed outright (the
+    // OOM killer's SIGKILL), which only a parent sees: with one wanted, a supervisor runs it.
+    const bool report_deaths = env.count(kSupervisedVariable) == 0 &&
+                               (!config.notify.url.empty() || !config.notify.command.empty()) &&
+                               std::find(config.notify.on.begin(), config.notify.on.end(),
+                                         "failed") != config.notify.on.end();
+    if (world > 1 || request.max_restarts > 0 || request.hang_timeout > 0 || report_deaths) {
       SupervisorOptions s;
+      s.env[kSupervisedVariable] = "1";
+      // One machine speaks for the run: the first node's launcher.
+      std::unique_ptr<Notifier> notifier;
+      if (spec.node_rank == 0)
+        notifier = std::make_unique<Notifier>(config.notify, run_dir, run_name(run));
+      if (notifier)
+        s.notify = [&](const std::string& event, const nlohmann::json& details) {
+          notifier->send(event, read_status(run_dir), details);
+        };
       // The workers re-read the config; an error in it surfaced before, unretried.
       s.argv = request.worker_argv;
       s.max_restarts = request.max_restarts;
@@ -106,7 +165,9 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
           s.workers.push_back({worker_variables(spec, i), "rank " + std::to_string(first_rank + i),
                                heartbeat_path(run_dir, first_rank + i)});
       }
-      return supervise(s);
+      const int code = supervise(s);
+      after_the_run(config, code, notifier.get());
+      return code;
     }
   } else if (request.flags.nproc_per_node || request.flags.nnodes) {
     spdlog::warn(
@@ -119,8 +180,27 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
   // every rank, as a signal to one rank does (the ranks agree on a stop at each step).
   std::optional<NoticeWatcher> watcher;
   if (!run.dist || run.dist->local_rank == 0) watcher.emplace(config.preemption, env);
-  train(config, run, registry);
-  return kExitOk;
+  const bool supervised = env.count(kSupervisedVariable) > 0;
+  std::unique_ptr<Notifier> notifier;
+  if (!run.dist || run.dist->rank == 0)
+    notifier = std::make_unique<Notifier>(config.notify, run_dir, run_name(run));
+  run.notifier = notifier.get();
+  int code = kExitOk;
+  try {
+    train(config, run, registry);
+  } catch (const std::exception& e) {
+    code = exit_code_for(e);
+    // Under our supervisor the failure is its to report, once it knows no restart follows.
+    if (notifier && !supervised && code != kExitSignal && code != kExitBudget)
+      notifier->send("failed", read_status(run_dir), {{"error", e.what()}, {"exit_code", code}});
+    if (notifier) notifier->flush(Notifier::kExitWaitSeconds);
+    if (!supervised && (!run.dist || run.dist->local_rank == 0))
+      after_the_run(config, code, nullptr);
+    throw;
+  }
+  if (!supervised && (!run.dist || run.dist->local_rank == 0))
+    after_the_run(config, code, notifier.get());
+  return code;
 }
 
 }  // namespace gpurun

@@ -26,7 +26,8 @@ int severity(const WorkerExit& e) {
 bool should_restart(const WorkerExit& e) {
   const int c = e.exit_code;
   return e.hung || e.signal != 0 ||
-         (c != kExitOk && c != kExitUsage && c != kExitNoResume && c != kExitSignal);
+         (c != kExitOk && c != kExitUsage && c != kExitNoResume && c != kExitSignal &&
+          c != kExitBudget);
 }
 
 std::string describe(const WorkerExit& e) {

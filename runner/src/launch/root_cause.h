@@ -31,7 +31,7 @@ struct WorkerExit {
 };
 
 /// Whether an exit is retried: killed by a signal (SIGKILL from the OOM killer included), hung,
-/// or an exit code not in {0, 2, 3, 75}.
+/// or an exit code not in {0, 2, 3, 4, 75}.
 bool should_restart(const WorkerExit& e);
 
 /// The last "gpurun error ..." line of its stderr, without the prefix; "" when none.

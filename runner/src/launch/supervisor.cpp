@@ -18,6 +18,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config/shown.h"
 #include "gpurun/errors.h"
 #include "launch/worker_process.h"
 #include "report/reporter.h"
@@ -100,7 +101,24 @@ class Supervisor {
   explicit Supervisor(const SupervisorOptions& options) : options_(options) {}
 
   int run() {
+    const int code = supervise_runs();
+    if (code != kExitOk && code != kExitSignal && code != kExitBudget && options_.notify) {
+      nlohmann::json details = {{"restarts", restarts_}, {"exit_code", code}};
+      if (last_) {
+        const std::string error = error_line(*last_);
+        details["error"] = error.empty() ? cause(*last_) : error;
+        details["cause"] = cause(*last_);
+        if (last_->step >= 0) details["step"] = last_->step;
+      }
+      options_.notify("failed", details);
+    }
+    return code;
+  }
+
+ private:
+  int supervise_runs() {
     for (int restart = 0;; ++restart) {
+      restarts_ = restart;
       if (const int sig = stop_signal(); sig != 0) {
         spdlog::warn("{} received; not starting the worker", signal_name(sig));
         return kExitSignal;
@@ -113,6 +131,7 @@ class Supervisor {
         return kExitFailure;
       }
       const WorkerExit& e = r.exit;
+      last_ = e;
       if (options_.on_worker_exit) options_.on_worker_exit(e);
       if (!should_restart(e)) return final_code(e, r.echoed);
       if (r.forwarded != 0 || stop_signal() != 0) {
@@ -140,13 +159,14 @@ class Supervisor {
     }
   }
 
- private:
   /// Starts every worker of the group (state starting, then running). When one cannot be
   /// executed, every started one is killed at once, for monitor() to reap.
   void start_group(int restart) {
     state_ = WorkerState::kStarting;
     std::string command;
-    for (const std::string& arg : options_.argv) command += (command.empty() ? "" : " ") + arg;
+    // A webhook's URL given with --set is a secret the log must not show.
+    for (const std::string& arg : options_.argv)
+      command += (command.empty() ? "" : " ") + shown_argument(arg);
     const std::vector<SupervisorOptions::Worker> specs = worker_specs();
     spdlog::info("{}: starting (restart {}/{}): {}",
                  specs.size() > 1 ? fmt::format("{} workers", specs.size()) : "worker", restart,
@@ -280,6 +300,12 @@ class Supervisor {
       signal_alive(SIGKILL, true);
       group_.hung = true;
       group_.stalled_seconds = stalled;
+      if (options_.notify) {
+        nlohmann::json details = {{"stalled_seconds", stalled}};
+        if (const int64_t step = read_heartbeat_step(options_.progress_file); step >= 0)
+          details["step"] = step;
+        options_.notify("stalled", details);
+      }
     }
     if (Clock::now() >= group_.kill_at) {
       signal_alive(SIGKILL, true);
@@ -362,6 +388,8 @@ class Supervisor {
                     echoed ? "" : "; last lines of its stderr:" + last_lines_block(e));
     } else if (e.exit_code == kExitSignal) {
       spdlog::warn("{} (stopped by a signal); not restarting", cause(e));
+    } else if (e.exit_code == kExitBudget) {
+      spdlog::warn("{} (stopped at cost.budget); not restarting", cause(e));
     }
     return e.exit_code;
   }
@@ -406,6 +434,8 @@ class Supervisor {
   Group group_;                                 ///< the current run
   int failures_without_progress_ = 0;           ///< for the backoff
   std::string history_;
+  std::optional<WorkerExit> last_;      ///< how the last run of the group ended
+  int restarts_ = 0;                    ///< restarts so far
   std::optional<WorkerExit> previous_;  ///< the last failure restarted, to see it repeat ///< "run
                                         ///< 0: ...; run 1: ..." for giving up
 };

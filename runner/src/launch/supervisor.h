@@ -9,8 +9,9 @@
 // Contract with the child (docs/architecture.md, "Worker environment" and "Exit codes"):
 // - GPURUN_RESTART_COUNT=k in its environment: 0 for the first run, k for the k-th restart.
 // - Exit 0 ends supervision; exit 2 (usage/config) and 3 (cannot resume) are never retried;
-//   exit 75 (stopped by a signal) is returned as is; any other exit, a death by a signal (the
-//   OOM killer's SIGKILL included) and a hang are retried up to max_restarts times.
+//   exit 75 (stopped by a signal) and 4 (stopped at cost.budget) are returned as is; any other
+//   exit, a death by a signal (the OOM killer's SIGKILL included) and a hang are retried up to
+//   max_restarts times.
 // - Progress: the child rewrites a heartbeat file (RUN_DIR/heartbeat, "step N") as it trains,
 //   at most once a second, and once more with its final step when it stops, saves or exits;
 //   no change of its mtime or size for hang_timeout seconds counts as a hang. The time the
@@ -27,6 +28,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "launch/root_cause.h"
 
@@ -68,6 +71,11 @@ struct SupervisorOptions {
   double stop_timeout = 15;
   /// Called after each run of the child, before deciding on a restart (tests, status.json).
   std::function<void(const WorkerExit&)> on_worker_exit;
+  /// The run's messages the workers cannot send (notify/notifier.h): "stalled" when the
+  /// watchdog kills a hung group ({stalled_seconds, step}), and "failed" once, when the run
+  /// ends failed for good: restarts used up, a failure that would repeat, an exit 2 or 3, a
+  /// binary that cannot run ({error, cause, restarts}). Not for a failure a restart recovers.
+  std::function<void(const std::string& event, const nlohmann::json& details)> notify;
 };
 
 /// The state of the group during one run: starting, running, then how the run ended (as

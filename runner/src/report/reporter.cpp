@@ -150,6 +150,7 @@ void Reporter::event(const std::string& name, nlohmann::json fields) {
   files_->append_line(run_dir_ + "/metrics.jsonl",
                       line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   tensorboard_->record(line);
+  if (observer_) observer_(name, line, status_);
 }
 
 void Reporter::write_file(const std::string& name, const std::string& data) {
@@ -173,6 +174,7 @@ bool Reporter::end_run(const nlohmann::json& done_fields, const nlohmann::json& 
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (ended_) return false;
   ended_ = true;
+  status_.update(status_fields);  // the done event's observer sees how the run ended
   event("done", done_fields);
   status(status_fields, true);
   flush_heartbeat();

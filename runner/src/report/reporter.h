@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +76,13 @@ class Reporter {
   /// event() or by the destructor, so that a rank that saves, stops or exits leaves the step
   /// it really reached (one killed outright: the step of at most a second before).
   void heartbeat(int64_t global_step);
+  /// Called (rank 0 only) after every event() with its name, the line written and the status so
+  /// far, under the reporter's lock: it must not block (the run's messages queue theirs,
+  /// notify/notifier.h). Set before the first event.
+  using Observer = std::function<void(const std::string& name, const nlohmann::json& line,
+                                      const nlohmann::json& status)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
   /// Writes the last step given to heartbeat() when the file does not hold it yet.
   void flush_heartbeat();
 
@@ -95,6 +103,7 @@ class Reporter {
   int64_t written_step_ = -1;    ///< the step the heartbeat file holds, -1 when none written
   bool tty_;
   bool ended_ = false;  ///< end_run() wrote the done event
+  Observer observer_;
   nlohmann::json status_ = nlohmann::json::object();
   std::chrono::steady_clock::time_point last_status_{}, last_progress_{}, last_heartbeat_{};
   std::recursive_mutex mutex_;  ///< everything above; recursive for end_run's event + status

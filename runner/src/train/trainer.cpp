@@ -74,6 +74,10 @@ void Trainer::run() {
     total_steps_ = steps_per_epoch_ * config_.train.epochs;
     // Refused before any probe: planning takes device time, and a refused resume needs none.
     if (loaded) check_resumable(config_, *loaded, steps_per_epoch_);
+    if (loaded && options_.resume) {
+      restore_ledger(loaded->meta);
+      check_budget_at_start(*loaded);
+    }
     // Rank 0 saves it and compares it: another rank's run ends with rank 0's refusal.
     if (rank_ == 0) {
       const DataFingerprint data = fingerprint_data(
@@ -140,6 +144,7 @@ void Trainer::run() {
       resume_check_ = ResumeCheck();  // the first interval differs from the stopped run's
     }
     const double start_time = unix_seconds();
+    watch_events();
     nlohmann::json plan_event = plan_.to_json();
     plan_event["time"] = start_time;
     plan_event["global_step"] = global_step_;
@@ -150,13 +155,17 @@ void Trainer::run() {
     plan_event["data_workers"] = workers_;
     plan_event["data_prefetch"] = prefetch_;
     plan_event["numerics"] = numerics();
-    reporter_.event("plan", plan_event);
+    plan_event["cost"] = ledger_.summary();
     reporter_.status({{"state", "running"},
+                      {"epoch", epoch_},
+                      {"global_step", global_step_},
                       {"epochs", config_.train.epochs},
                       {"total_steps", total_steps_},
                       {"restarts", options_.restart_count},
+                      {"cost", ledger_.summary()},
                       {"job", job_json(options_.job)}},
                      true);
+    reporter_.event("plan", plan_event);
     if (rank_ == 0) check_job_time();
     if (loaded && global_step_ == total_steps_)
       spdlog::info(
@@ -171,7 +180,10 @@ void Trainer::run() {
                  model_digest(*model_));
     nlohmann::json final_status = where_it_ended();
     final_status.update({{"state", "finished"}, {"eta_seconds", 0}});
-    reporter_.end_run({{"exit_code", 0}, {"global_step", global_step_}}, final_status);
+    final_status["cost"] = ledger_.summary();
+    reporter_.end_run(
+        {{"exit_code", 0}, {"global_step", global_step_}, {"attempt", ledger_.this_attempt()}},
+        final_status);
   } catch (const std::exception& e) {
     reporter_.end_progress();
     // A run refused before it started (directory held, config changed) leaves the metrics
@@ -180,8 +192,15 @@ void Trainer::run() {
     const int code = exit_code_for(e);
     nlohmann::json final_status = where_it_ended();
     final_status.update(
-        {{"state", code == kExitSignal ? "stopped" : "failed"}, {"error", e.what()}});
-    reporter_.end_run({{"exit_code", code}, {"error", e.what()}}, final_status);
+        {{"state", code == kExitSignal || code == kExitBudget ? "stopped" : "failed"},
+         {"error", e.what()},
+         {"cost", ledger_.summary()}});
+    nlohmann::json done = {{"exit_code", code},
+                           {"error", e.what()},
+                           {"global_step", global_step_},
+                           {"attempt", ledger_.this_attempt()}};
+    if (code == kExitBudget) done["reason"] = "budget";
+    reporter_.end_run(done, final_status);
     throw;
   }
 }
@@ -281,6 +300,7 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
   }
   const double restore_seconds = seconds_since(restore_start);
   const CheckpointMeta& meta = loaded->meta;
+  restore_ledger(meta);  // the one finally loaded
   const int64_t load_peak = session_.meter->peak_bytes();
   log_resume_differences(
       *loaded, config_,
@@ -335,11 +355,14 @@ void Trainer::run_epoch() {
   // whole epoch, as without the interruption.
   if (position_ == 0) epoch_loss_sum_ = 0, epoch_loss_samples_ = 0;
   stop_if_signalled();
+  stop_if_over_budget();
   open_loader();
   while (position_ < n) {
     const int64_t window = std::min(plan_.global_batch, n - position_);
     const at::Tensor shard = rank_shard(order_.narrow(0, position_, window), rank_, world_);
+    const auto step_start = Clock::now();
     const double loss = optimizer_step(shard, window);
+    last_step_seconds_ = seconds_since(step_start);
     trace_.record(global_step_, epoch_, shard);
     position_ += window;
     ++global_step_;
@@ -355,11 +378,15 @@ void Trainer::run_epoch() {
     if (position_ < n && due_for_checkpoint()) save("step", epoch_, position_);
     registry_.run_step_hooks({config_, rank_, epoch_, global_step_, loss, lr_});
     stop_if_signalled(agreed_stop_);
+    if (position_ < n)
+      stop_if_over_budget(comm_ ? std::optional<bool>(agreed_budget_) : std::nullopt);
   }
   loader_.reset();
   sync_buffers();
   peaks_.enter(&MeasuredPeaks::evaluation);
+  const auto eval_start = Clock::now();
   const auto [eval_loss, eval_accuracy] = evaluate();
+  eval_seconds_ = seconds_since(eval_start);
   peaks_.enter(nullptr);
   const double seconds = seconds_since(epoch_start);
   const double train_loss = epoch_mean_loss();
@@ -368,6 +395,7 @@ void Trainer::run_epoch() {
   // Hooks restore the RNG they use; on rank 0 alone, so that a sample is printed once.
   if (rank_ == 0)
     registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
+  reporter_.status({{"eval_loss", eval_loss}, {"eval_accuracy", eval_accuracy}});
   save("epoch", epoch_ + 1, 0);
   // After the epoch's own save, so that its peak covers every part the plan fitted.
   const MeasuredPeaks peaks = peaks_.peaks();
@@ -401,6 +429,9 @@ void Trainer::after_step(double loss, int64_t window) {
   nlohmann::json fields = interval.event_fields(world_);
   fields.update(
       {{"epoch", epoch_}, {"global_step", global_step_}, {"lr", lr_}, {"eta_seconds", eta}});
+  // The ledger over every attempt: the report draws it on the time axis.
+  fields["run_seconds"] = ledger_.seconds();
+  if (const std::optional<double> spent = ledger_.spent()) fields["cost"] = *spent;
   if (scaler_) {
     fields["loss_scale"] = scaler_->scale_value();
     fields["skipped_steps"] = skipped_steps_;  // of the run, inf or NaN gradients
@@ -413,7 +444,8 @@ void Trainer::after_step(double loss, int64_t window) {
                     {"global_step", global_step_},
                     {"loss", interval.mean_loss},
                     {"samples_per_second", interval.samples_per_second},
-                    {"eta_seconds", eta}});
+                    {"eta_seconds", eta},
+                    {"cost", ledger_.summary()}});
 }
 
 bool Trainer::due_for_checkpoint() const {
@@ -445,6 +477,7 @@ void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
   meta.extra["step_interval"] = metrics_.interval_state();
   if (!init_from_.is_null()) meta.extra["init_from"] = init_from_;
   meta.extra["run_id"] = run_id_;
+  meta.extra["cost"] = ledger_.to_json();  // every attempt so far, this one up to now
   if (!data_fingerprint_.is_null()) meta.extra["data"] = data_fingerprint_;
   if (position > 0) {
     meta.extra["epoch_loss_sum"] = epoch_loss_sum_;

@@ -12,6 +12,7 @@
 
 namespace gpurun {
 
+class Notifier;
 class Registry;
 
 /// How the run was started (the command line, not run.yaml).
@@ -41,6 +42,9 @@ struct RunOptions {
   /// This worker's place in a distributed run (dist_env.h); nullopt: a single process.
   std::optional<DistEnv> dist;
   SchedulerJob job;  ///< the scheduler's job, when one started this run
+  /// Sends the run's messages (notify/notifier.h) from rank 0: started, checkpoint_failed,
+  /// preempted, finished, budget. Null: none. Owned by the caller, alive during train().
+  Notifier* notifier = nullptr;
 };
 
 /// Where metrics.jsonl and status.json go: `run_dir`, else the checkpoint directory.
@@ -53,7 +57,8 @@ std::string run_dir_or_default(const RunOptions& options);
 /// metrics, and every rank loads the checkpoint rank 0 chose.
 /// Throws ConfigError (the directory already holds checkpoints and `resume` is off; bad
 /// device), ResumeError (no valid checkpoint, changed training keys), IoError (storage), and
-/// Stopped after saving when a stop signal arrived.
+/// Stopped after saving when a stop signal arrived, BudgetReached after saving when going on
+/// would pass cost.budget (or at once, when a resume finds it spent).
 void train(const RunConfig& config, const RunOptions& options, const Registry& registry);
 
 }  // namespace gpurun

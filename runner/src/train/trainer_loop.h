@@ -25,6 +25,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/step_optimizer.h"
 #include "report/reporter.h"
+#include "train/cost_ledger.h"
 #include "train/immediate_stop.h"
 #include "train/resume_check.h"
 #include "train/run_setup.h"
@@ -157,6 +158,32 @@ class Trainer {
   /// seconds to a safe checkpoint, and which is acknowledged once that checkpoint is safe.
   void stop_if_signalled(std::optional<bool> agreed = std::nullopt);
 
+  // --- unattended runs (trainer_unattended.cpp): the cost ledger, the budget, the messages ---
+
+  /// The ledger of this attempt at the price cost.price_per_hour or the device's card's.
+  CostLedger make_ledger() const;
+  /// The earlier attempts from `meta`'s ledger; the last of them runs to its process's `done`
+  /// event when metrics.jsonl holds it (after its last save: the stop's drain, the copy).
+  void restore_ledger(const CheckpointMeta& meta);
+  /// Rank 0 watches its own events: each checkpoint's measured save time, and the run's
+  /// messages (plan -> started, checkpoint_failed, signal -> preempted, done -> finished or
+  /// budget). Set up once the run has started.
+  void watch_events();
+  /// Refuses (BudgetReached) a resume whose checkpoint's ledger leaves no room in cost.budget
+  /// for a step and a save, before any device time is spent on planning.
+  void check_budget_at_start(const LoadedCheckpoint& loaded) const;
+  /// Seconds one more step and a save take: the last step's (else the plan's), the last
+  /// evaluation's when that step ends the epoch, and the last measured save's (else
+  /// kAssumedSaveSeconds).
+  double seconds_to_next_save() const;
+  /// Rank 0's verdict that the next step and a save would pass cost.budget.
+  bool budget_due() const;
+  /// Saves (unless this step is saved), waits until the checkpoint is safe in --ckpt, and
+  /// throws BudgetReached. Every rank calls it together.
+  [[noreturn]] void stop_at_budget();
+  /// The step checks of the budget: `agreed` is the gradient sync's verdict (several ranks).
+  void stop_if_over_budget(std::optional<bool> agreed = std::nullopt);
+
   const RunConfig& config_;
   const RunOptions& options_;
   const Registry& registry_;
@@ -172,7 +199,12 @@ class Trainer {
   SampleTrace trace_;
   PeakParts peaks_;                                 ///< this epoch's peak of each part
   bool agreed_stop_ = false, agreed_save_ = false;  ///< from the last gradient sync
-  double epoch_loss_sum_ = 0;  ///< sum of step loss x samples in this epoch so far
+  bool agreed_budget_ = false;                      ///< rank 0's budget_due(), synced so
+  CostLedger ledger_ = make_ledger();
+  double last_step_seconds_ = 0;         ///< the last optimizer step's wall time; 0: none yet
+  double eval_seconds_ = 0;              ///< the last evaluation's wall time; 0: none yet
+  std::atomic<double> save_seconds_{0};  ///< the last measured save (build + write); 0: none
+  double epoch_loss_sum_ = 0;            ///< sum of step loss x samples in this epoch so far
   int64_t epoch_loss_samples_ = 0;
   nlohmann::json carried_interval_;  ///< the checkpoint's StepMetrics::interval_state(); null: none
   ResumeCheck resume_check_;         ///< the stopped process's losses after the checkpoint

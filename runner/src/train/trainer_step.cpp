@@ -55,9 +55,9 @@ double Trainer::optimizer_step(const at::Tensor& shard, int64_t window) {
                         std::to_string(epoch_ + 1) + ", micro-batches of " +
                         std::to_string(plan_.micro_batch) + "): " + e.what());
     }
-    std::vector<double> control{loss, stop_signal() != 0 ? 1.0 : 0.0,
-                                rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
-                                out_of_memory ? 1.0 : 0.0};
+    std::vector<double> control{
+        loss, stop_signal() != 0 ? 1.0 : 0.0, rank_ == 0 && checkpointer_.minutes_due() ? 1.0 : 0.0,
+        out_of_memory ? 1.0 : 0.0, config_.cost.budget > 0 && budget_due() ? 1.0 : 0.0};
     const CollectiveStats before = comm_ ? comm_->stats() : CollectiveStats{};
     if (comm_) comm_->set_step(global_step_ + 1);
     // Replicated: the all-reduce into every .grad; flat: the reduce-scatter into this rank's
@@ -67,6 +67,7 @@ double Trainer::optimizer_step(const at::Tensor& shard, int64_t window) {
       loss = control[0];
       agreed_stop_ = control[1] > 0;
       agreed_save_ = control[2] > 0;
+      agreed_budget_ = control[4] > 0;
       if (control[3] > 0) {
         shrink_after_oom();
         continue;

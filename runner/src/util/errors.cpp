@@ -22,6 +22,7 @@ int exit_code_for(const std::exception& e) noexcept {
   if (dynamic_cast<const ConfigError*>(&e)) return kExitUsage;
   if (dynamic_cast<const ResumeError*>(&e)) return kExitNoResume;
   if (dynamic_cast<const Stopped*>(&e)) return kExitSignal;
+  if (dynamic_cast<const BudgetReached*>(&e)) return kExitBudget;
   return kExitFailure;
 }
 

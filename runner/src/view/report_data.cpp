@@ -96,6 +96,10 @@ json run_charts(const Analysis& a) {
   // for its batches (data/loader.h); near 0 when the loader keeps up.
   charts.push_back(chart("data_wait", "Data wait", "minutes", "minutes since the run's first event",
                          "seconds per optimizer step", {a.data_wait.to_json()}));
+  if (!a.cost.points.empty())
+    charts.push_back(chart("cost", "Cost over time", "minutes",
+                           "minutes since the run's first event",
+                           "spent (cost.price_per_hour x ranks x hours)", {a.cost.to_json()}));
   charts.push_back(chart("memory", "Peak memory against capacity", "step", "global step",
                          unit + (logarithmic ? " (logarithmic)" : ""),
                          {a.epoch_peak.to_json(scale), a.plan_peak.to_json(scale),
@@ -256,6 +260,8 @@ json run_summary(const RunHistory& run, const Analysis& a) {
                                            number(a.last_plan, "restarts").value_or(0))});
   rows.push_back({"wall time", fmt::format("{} (first to last event)",
                                            format_duration(a.last_time - a.first_time))});
+  if (auto v = number(a.last_step, "cost"))
+    rows.push_back({"cost", fmt::format("{:.2f} spent by the last step event, all attempts", *v)});
   return rows;
 }
 
@@ -300,7 +306,8 @@ json notes_of(const RunHistory& run, const Analysis& a) {
         fmt::format("{} line(s) of metrics.jsonl do not parse and were skipped (the "
                     "first: line {})",
                     run.unreadable_lines.size(), run.unreadable_lines.front()));
-  for (const Series* s : {&a.train_loss, &a.lr, &a.throughput, &a.data_wait, &a.stall, &a.write})
+  for (const Series* s :
+       {&a.train_loss, &a.lr, &a.throughput, &a.data_wait, &a.stall, &a.write, &a.cost})
     if (s->thinned())
       notes.push_back(fmt::format(
           "{}: {} points logged, {} drawn (each stretch of consecutive points keeps its lowest "

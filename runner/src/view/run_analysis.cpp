@@ -128,7 +128,7 @@ Analysis analyse(const std::vector<json>& events) {
         s->drop_after(start);
       restarts = std::max(restarts, process_restarts);
       // No line across the time between two processes: a NaN point is a gap on the page.
-      for (Series* s : {&a.throughput, &a.data_wait})
+      for (Series* s : {&a.throughput, &a.data_wait, &a.cost})
         if (a.processes > 0 && !s->points.empty()) s->add(a.minutes(time), std::nan(""), start);
       ++a.processes;
       process_ended = false;
@@ -157,6 +157,8 @@ Analysis analyse(const std::vector<json>& events) {
       if (auto v = number(e, "lr")) a.lr.add(static_cast<double>(step), *v, step);
       if (auto v = number(e, "samples_per_second")) a.throughput.add(a.minutes(time), *v, step);
       if (auto v = number(e, "data_wait_seconds")) a.data_wait.add(a.minutes(time), *v, step);
+      // The ledger of every attempt (train/cost_ledger.h): flat across the gaps between them.
+      if (auto v = number(e, "cost")) a.cost.add(a.minutes(time), *v, step);
     } else if (name == "epoch") {
       a.last_epoch = e;
       const double x = static_cast<double>(step);

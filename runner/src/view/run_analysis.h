@@ -52,16 +52,16 @@ struct Series {
 };
 
 /// A run's events read into curves, marks and the facts the tables and the summary show.
-/// x is the global step, except eval_accuracy's (the epoch, from 1) and throughput's and
-/// data_wait's (minutes since the first event); memory series are bytes, checkpoint series and
-/// the data wait seconds.
+/// x is the global step, except eval_accuracy's (the epoch, from 1) and throughput's,
+/// data_wait's and cost's (minutes since the first event); memory series are bytes, checkpoint
+/// series and the data wait seconds.
 struct Analysis {
   Series train_loss{"train loss"}, epoch_train_loss{"train loss, epoch mean"},
       eval_loss{"eval loss"}, eval_accuracy{"eval accuracy"}, lr{"learning rate"},
       throughput{"samples/s"}, data_wait{"data wait per optimizer step"},
       epoch_peak{"measured peak, each epoch"}, plan_peak{"the plan's measured peak"},
       plan_estimate{"the plan's estimate"}, capacity{"capacity"}, stall{"stall (training waits)"},
-      write{"write (background)"};
+      write{"write (background)"}, cost{"spent, all attempts"};
   /// [{"kind": resume|restart|kill|signal|oom|failure, "label", "step", "minutes", "time"}]
   nlohmann::json marks = nlohmann::json::array();
   nlohmann::json last_plan, last_epoch, last_step, last_done;  ///< null when never logged
