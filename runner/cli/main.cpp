@@ -1,5 +1,7 @@
 // gpurun: parse the command line, call the library, map errors to exit codes
 // (docs/architecture.md).
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -24,10 +26,9 @@ __attribute__((section(".preinit_array"),
                used)) static void (*const kBlockStopSignals)(int, char**,
                                                              char**) = block_stop_signals_at_load;
 
-int main(int argc, char** argv) {
-  // First, so that a signal at any moment of the run ends in exit 75, never 143.
-  gpurun::install_signal_handlers();
-  gpurun::setup_logging();
+namespace {
+
+int run(int argc, char** argv) {
   try {
     gpurun::Command command = gpurun::parse_command_line(argc, argv);
     gpurun::Registry registry;
@@ -43,4 +44,21 @@ int main(int argc, char** argv) {
       spdlog::error("{}", message);
     return code;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // First, so that a signal at any moment of the run ends in exit 75, never 143.
+  gpurun::install_signal_handlers();
+  gpurun::setup_logging();
+  const int code = run(argc, argv);
+  // Everything of ours is closed, joined and written by now (run()'s scope). What exit() would
+  // add is LibTorch's static destructors, which deregister thousands of operators and unload
+  // the CUDA libraries: about 0.15 s of every process's end, on a rented box's clock (the cost
+  // ledger counts to the run's last event). Streams are flushed, then the process ends.
+  std::cout.flush();
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
