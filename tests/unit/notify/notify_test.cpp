@@ -199,10 +199,15 @@ TEST(CostLedger, TheLastAttemptRunsToItsDoneEventWhenItIsTheSameAttempt) {
 }
 
 TEST(CostLedger, TheBudgetLooksAheadAndNeedsAPrice) {
-  CostLedger priced(1, 3600.0, "cost.price_per_hour", 100);  // one unit a second
-  priced.restore({{"attempts", {{{"seconds", 90.0}, {"price_per_hour", 3600.0}}}}});
+  // One unit a second; this process's own age counts too, so the budget is set from it.
+  const nlohmann::json earlier = {{"attempts", {{{"seconds", 90.0}, {"price_per_hour", 3600.0}}}}};
+  CostLedger probe(1, 3600.0, "cost.price_per_hour", 0);
+  probe.restore(earlier);
+  CostLedger priced(1, 3600.0, "cost.price_per_hour", *probe.spent() + 100);
+  priced.restore(earlier);
   EXPECT_FALSE(priced.would_pass_budget(0));
-  EXPECT_TRUE(priced.would_pass_budget(20));
+  EXPECT_FALSE(priced.would_pass_budget(50));
+  EXPECT_TRUE(priced.would_pass_budget(200));
   CostLedger unpriced(1, std::nullopt, "", 100);
   unpriced.restore({{"attempts", {{{"seconds", 1e6}}}}});
   EXPECT_FALSE(unpriced.would_pass_budget(1e6));
