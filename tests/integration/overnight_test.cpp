@@ -248,6 +248,12 @@ TEST(Cost, TheLedgerOverThreeAttemptsIsTheirWallTimeTimesThePrice) {
   Result shown = run_gpurun({"status", dir / "ckpt"});
   EXPECT_TRUE(contains(shown.out, "spent, ")) << shown.out;
   EXPECT_TRUE(contains(shown.out, "over 3 attempts")) << shown.out;
+  // The report draws the spend on its time axis, across the three attempts.
+  Result report = run_gpurun({"report", dir / "ckpt", "--out", dir / "report.html"});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  const std::string page = slurp(dir / "report.html");
+  EXPECT_TRUE(contains(page, "Cost over time"));
+  EXPECT_TRUE(contains(page, "spent, all attempts"));
 }
 
 TEST(Cost, TheBudgetStopsWithACheckpointAndOnlyALargerOneResumesExactly) {
