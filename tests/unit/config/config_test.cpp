@@ -134,8 +134,8 @@ log:
 
   const std::string block = format_resolved(c);
   EXPECT_TRUE(contains(block, "resolved config (" + path + "):\n"));
-  EXPECT_TRUE(contains(block, "\n  optim.lr                    0.01\n"));
-  EXPECT_TRUE(contains(block, "\n  model.hidden                [512, 256, 128]\n"));
+  EXPECT_TRUE(contains(block, "\n  optim.lr                     0.01\n"));
+  EXPECT_TRUE(contains(block, "\n  model.hidden                 [512, 256, 128]\n"));
   EXPECT_LT(block.find("model.name"), block.find("log.every_steps"));  // schema order
 }
 
