@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/format/metric_rank.h"
 #include "checkpoint/format/shard_index.h"
 #include "checkpoint/storage/store.h"
 #include "gpurun/errors.h"
@@ -70,10 +71,23 @@ void set_aside_text(const CheckpointView& view, std::ostream& out) {
         << "  (set aside as damaged by a resume: never loaded again)\n";
 }
 
+/// "best #1 eval_loss=1.0000" for a checkpoint among keep_best's k, else "".
+std::string best_mark(const BestRanking& ranking, size_t i) {
+  const int64_t rank = ranking.rank_of(i);
+  if (!rank) return "";
+  std::ostringstream mark;
+  mark << "best #" << rank << " " << ranking.goal->metric << "=" << std::fixed
+       << std::setprecision(4) << *ranking.values[i];
+  return mark.str();
+}
+
 json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& infos) {
   const LatestFile latest = view.latest();
+  const BestRanking ranking = rank_checkpoints(infos);
   json rows = json::array();
-  for (const auto& info : infos) {
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const CheckpointInfo& info = infos[i];
+    const int64_t rank = ranking.rank_of(i);
     rows.push_back({{"name", info.name},
                     {"path", info.path},
                     {"epoch", info.epoch},
@@ -82,10 +96,19 @@ json list_json(const CheckpointView& view, const std::vector<CheckpointInfo>& in
                     {"complete", info.complete},
                     {"problem", info.problem},
                     {"sealed", info.sealed},
-                    {"latest", latest.names(info.name)}});
+                    {"latest", latest.names(info.name)},
+                    // The metric recorded (null: none, a step checkpoint) and the rank among
+                    // keep_best's k (null: not among them, or keep_best off).
+                    {"metric", ranking.values[i] ? json(*ranking.values[i]) : json(nullptr)},
+                    {"best", rank ? json(rank) : json(nullptr)}});
   }
   const bool has_latest = latest.state == LatestFile::State::kPresent;
+  json keep_best = nullptr;
+  if (ranking.goal)
+    keep_best = {
+        {"metric", ranking.goal->metric}, {"mode", ranking.goal->mode}, {"k", ranking.goal->k}};
   return {{"dir", view.dir()},
+          {"keep_best", keep_best},
           {"checked", "sizes"},
           {"checkpoints", rows},
           {"set_aside", set_aside_json(view)},
@@ -106,16 +129,22 @@ void list_text(const CheckpointView& view, const std::vector<CheckpointInfo>& in
       << "  " << std::setw(9) << "STEP"
       << "  " << std::setw(12) << "BYTES"
       << "  STATUS\n";
-  const auto row = [&](const CheckpointInfo& info, const std::string& status) {
+  const BestRanking ranking = rank_checkpoints(infos);
+  const auto row = [&](const CheckpointInfo& info, const std::string& status,
+                       const std::string& best = "") {
     out << std::left << std::setw(static_cast<int>(width)) << printable(info.name) << "  "
         << std::right << std::setw(5) << info.epoch << "  " << std::setw(9) << info.global_step
         << "  " << std::setw(12)
         << (starts_with(status, "SET ASIDE") ? "-" : std::to_string(info.bytes)) << "  " << status
-        << (latest.names(info.name) ? "  <- LATEST" : "") << "\n";
+        << (best.empty() ? "" : "  " + best) << (latest.names(info.name) ? "  <- LATEST" : "")
+        << "\n";
   };
-  for (const auto& info : infos) {
-    row(info, info.complete ? std::string(info.sealed ? "sizes ok" : "sizes ok, manifest unsealed")
-                            : "DAMAGED: " + printable(info.problem));
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const CheckpointInfo& info = infos[i];
+    row(info,
+        info.complete ? std::string(info.sealed ? "sizes ok" : "sizes ok, manifest unsealed")
+                      : "DAMAGED: " + printable(info.problem),
+        best_mark(ranking, i));
   }
   for (const auto& info : aside) row(info, "SET ASIDE as damaged by a resume: never loaded again");
   if (infos.empty() && aside.empty()) {

@@ -47,7 +47,7 @@ const char* const kUsage =
     "  gpurun status RUN_DIR|QUEUE_DIR [--json]\n"
     "  gpurun report RUN_DIR|QUEUE_DIR [--out FILE.html]\n"
     "  gpurun queue QUEUE.yaml --dir DIR [--parallel N] [--max-restarts N] [--hang-timeout S]\n"
-    "  gpurun export CKPT_DIR --to PATH [--format pt|hf|peft] [--merge-lora] [--step N]";
+    "  gpurun export CKPT_DIR --to PATH [--format pt|hf|peft] [--merge-lora] [--step N | --best]";
 
 const char* const kFooter = R"(
 Typical use, the same line after every interruption:
@@ -198,11 +198,12 @@ Command parse_command_line(int argc, const char* const argv[]) {
     if (args.size() != 2 || !r.count("to"))
       usage_error(
           "usage: gpurun export CKPT_DIR --to PATH [--format pt|hf|peft] [--dtype D] "
-          "[--merge-lora] [--step N]");
+          "[--merge-lora] [--step N | --best]");
     cmd.kind = Command::Kind::kExport;
     cmd.dir = args[1];
     cmd.to = r["to"].as<std::string>();
     cmd.merge_lora = r.count("merge-lora") > 0;
+    cmd.best = r.count("best") > 0;
     cmd.format = r["format"].as<std::string>();
     cmd.max_shard_bytes = parse_size(r["max-shard-size"].as<std::string>());
     if (cmd.max_shard_bytes <= 0) usage_error("--max-shard-size must be above 0");
@@ -296,7 +297,7 @@ int dispatch(const Command& cmd, Registry& registry, std::ostream& out) {
       return report_command(cmd.dir, cmd.out, out);
     case Command::Kind::kExport:
       return export_command(cmd.dir, cmd.to, out, cmd.merge_lora, cmd.step, cmd.format, cmd.dtype,
-                            cmd.max_shard_bytes);
+                            cmd.max_shard_bytes, cmd.best);
     case Command::Kind::kQueue:
       return queue_command(cmd.config_path, cmd.dir, cmd.parallel, cmd.launch.max_restarts,
                            cmd.launch.hang_timeout, out);

@@ -31,6 +31,7 @@ struct Command {
   std::string dtype;          ///< export: --dtype ("": the format's default)
   int64_t max_shard_bytes = 5'000'000'000;  ///< export: --max-shard-size
   std::optional<int64_t> step;              ///< export: --step N
+  bool best = false;                        ///< export: --best
   std::string cards;                        ///< plan: --cards FILE ("": the bundled table)
   double deadline_hours = 72;               ///< plan: --deadline HOURS
   bool estimate_only = false;               ///< plan: --estimate-only

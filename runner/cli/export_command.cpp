@@ -1,5 +1,6 @@
 #include "cli/export_command.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/format/export_state.h"
 #include "checkpoint/format/hf_export.h"
+#include "checkpoint/format/metric_rank.h"
 #include "checkpoint/format/train_state.h"
 #include "checkpoint/storage/store.h"
 #include "cli/ckpt_command.h"
@@ -63,12 +65,61 @@ LoadedCheckpoint choose_step(const std::string& dir, int64_t step) {
                     " (its checkpoints' steps: " + (steps.empty() ? "none" : steps) + ")");
 }
 
+/// The best checkpoint of `dir` and its local tier by the keep_best metric of the newest
+/// checkpoint's config, whose checksums verify: one that does not is skipped with a warning
+/// for the next best (the same folder in the other tier first).
+LoadedCheckpoint choose_best(const std::string& dir) {
+  std::vector<CheckpointInfo> all;
+  for (const CheckpointView& tier : tiers_of(dir)) {
+    std::vector<CheckpointInfo> listed = tier.list(/*verify=*/false);
+    all.insert(all.end(), listed.begin(), listed.end());
+  }
+  // Oldest first, as the ranking's ties want; a tie of steps keeps the local tier first.
+  std::stable_sort(all.begin(), all.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.global_step < b.global_step;
+  });
+  const BestRanking ranking = rank_checkpoints(all);
+  if (!ranking.goal)
+    throw ConfigError(
+        "gpurun export " + dir +
+        " --best: the newest checkpoint's config has no checkpoint.keep_best.metric, "
+        "so nothing says which is best; set checkpoint.keep_best: {metric: "
+        "eval_loss} in run.yaml (a --resume may add it), or choose one with --step N");
+  if (ranking.order.empty())
+    throw ConfigError("gpurun export " + dir + " --best: no checkpoint there records " +
+                      ranking.goal->metric +
+                      " (only epoch checkpoints do, from a gpurun that records metrics); choose "
+                      "one with --step N");
+  std::string problems;
+  for (const size_t i : ranking.order) {
+    CheckpointInfo info = CheckpointView::inspect(all[i].path, /*verify=*/true);
+    if (info.complete) {
+      spdlog::info("the best checkpoint by {} ({}) that verifies: {} ({}={})", ranking.goal->metric,
+                   ranking.goal->mode, info.path, ranking.goal->metric, *ranking.values[i]);
+      return loaded(std::move(info));
+    }
+    spdlog::warn("skipping {} ({}={}), which does not verify ({}); taking the next best",
+                 printable(info.path), ranking.goal->metric, *ranking.values[i],
+                 printable(info.problem));
+    problems += "\n  " + printable(info.path) + ": " + printable(info.problem);
+  }
+  throw ResumeError("no checkpoint of " + dir + " that records " + ranking.goal->metric +
+                    " verifies:" + problems);
+}
+
 /// The checkpoint to export: `dir` itself when it is one ckpt-* folder; with `step`, the one of
 /// that global step; else the newest checkpoint of the root and its local tier, which must
 /// verify. A newest one that does not (or one newer set aside as damaged by a resume) is
 /// refused, naming it and the newest that verifies: exporting an older state is a choice made
 /// with --step or a folder, never one made in silence. Read-only: nothing is renamed.
-LoadedCheckpoint choose(const std::string& dir, std::optional<int64_t> step) {
+LoadedCheckpoint choose(const std::string& dir, std::optional<int64_t> step, bool best) {
+  if (best && step)
+    throw ConfigError("gpurun export " + dir + ": --best and --step exclude each other; give one");
+  if (best && CheckpointView::is_checkpoint_folder(dir))
+    throw ConfigError("gpurun export " + dir +
+                      " --best: --best chooses among a checkpoint root's checkpoints, and " + dir +
+                      " is one checkpoint folder; give the root");
+  if (best) return choose_best(dir);
   if (CheckpointView::is_checkpoint_folder(dir)) {
     if (step)
       throw ConfigError("gpurun export " + dir +
@@ -156,7 +207,7 @@ LoadedCheckpoint on_local_disk(LoadedCheckpoint chosen) {
 
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
                    bool merge_lora, std::optional<int64_t> step, const std::string& format,
-                   const std::string& dtype, int64_t max_shard_bytes) {
+                   const std::string& dtype, int64_t max_shard_bytes, bool best) {
   std::error_code ec;
   if (is_object_root(ckpt_dir))
     open_storage(ckpt_dir)->check_readable();
@@ -171,7 +222,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     if (dtype == "float32") options.dtype = at::kFloat;
     if (dtype == "bfloat16") options.dtype = at::kBFloat16;
     if (dtype == "float16") options.dtype = at::kHalf;
-    out << export_hf(on_local_disk(choose(ckpt_dir, step)), to, options);
+    out << export_hf(on_local_disk(choose(ckpt_dir, step, best)), to, options);
     return kExitOk;
   }
   // An existing file is replaced (atomically); a directory never is: the rename would fail
@@ -184,7 +235,7 @@ int export_command(const std::string& ckpt_dir, const std::string& to, std::ostr
     throw ConfigError("gpurun export --to " + to + ": directory " + parent.string() +
                       " does not exist");
 
-  const LoadedCheckpoint checkpoint = on_local_disk(choose(ckpt_dir, step));
+  const LoadedCheckpoint checkpoint = on_local_disk(choose(ckpt_dir, step, best));
   const CheckpointMeta& meta = checkpoint.meta;
   const std::string module = torchscript_source(meta);
   if (!meta.sharded_optimizer.is_null() && !merge_lora && module.empty()) {

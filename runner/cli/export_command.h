@@ -5,7 +5,9 @@
 // root and of its local tier on this machine), whose checksums must verify: when it does not,
 // or when a newer one was set aside as damaged by a resume, the export is refused, naming it
 // and the newest checkpoint that verifies; `step` (--step N) or the folder's path exports an
-// older one. Nothing is renamed: a run may still be writing there. FILE receives, written
+// older one; `best` (--best) the best one by checkpoint.keep_best's metric (the newest
+// checkpoint's config names it) that verifies, one that does not skipped with a warning for the
+// next best. Nothing is renamed: a run may still be writing there. FILE receives, written
 // atomically (an existing FILE is replaced; a directory is refused):
 //   - for a built-in or plugin model, the state_dict: torch.load(FILE) in Python gives a plain
 //     dict name -> tensor (the checkpoint's model.pt, verified);
@@ -30,15 +32,16 @@ namespace gpurun {
 /// step and model_digest, FILE and the format; returns 0. Throws ConfigError (exit 2) for a
 /// CKPT_DIR that is missing or not a directory, a FILE that is a directory (or ends in '/'), a
 /// FILE whose directory does not exist, `step` with a ckpt-* folder, or a TorchScript module
-/// file that is gone; ResumeError (exit 3) when the newest checkpoint does not verify (or a
+/// file that is gone, `best` with `step` or a folder, or `best` where no keep_best metric is
+/// configured or recorded; ResumeError (exit 3) when the newest checkpoint does not verify (or a
 /// newer one was set aside), there is none, the given folder or step's checkpoint does not
-/// verify or does not exist, or its weights do not match its model_digest or the module;
-/// IoError (exit 1) when reading or writing fails.
-/// `format` hf or peft writes the folder `to` (checkpoint/hf_export.h) in `dtype` ("": the
-/// format's default), hf in files of at most `max_shard_bytes`.
+/// verify or does not exist (with `best`: no ranked one verifies), or its weights do not match its
+/// model_digest or the module; IoError (exit 1) when reading or writing fails. `format` hf or peft
+/// writes the folder `to` (checkpoint/hf_export.h) in `dtype` ("": the format's default), hf in
+/// files of at most `max_shard_bytes`.
 int export_command(const std::string& ckpt_dir, const std::string& to, std::ostream& out,
                    bool merge_lora = false, std::optional<int64_t> step = std::nullopt,
                    const std::string& format = "pt", const std::string& dtype = "",
-                   int64_t max_shard_bytes = 5'000'000'000);
+                   int64_t max_shard_bytes = 5'000'000'000, bool best = false);
 
 }  // namespace gpurun

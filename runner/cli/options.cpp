@@ -48,6 +48,7 @@ const std::vector<OptionSpec>& option_table() {
     {kExport, "max-shard-size", T::kString, "SIZE", "5GB", "export --format hf: the largest safetensors file; a larger model is cut into shards listed by model.safetensors.index.json, as save_pretrained does"},
     {kExport, "dtype", T::kString, "D", "", "export --format hf|peft: float32, bfloat16 or float16 (default: hf the input folder's, peft float32)"},
     {kExport, "step", T::kInt, "N", "", "export: the checkpoint of global step N rather than the newest (which must verify, else export refuses)"},
+    {kExport, "best", T::kFlag, "", "", "export: the best checkpoint by checkpoint.keep_best's metric that verifies (one that does not is skipped for the next best)"},
     {kExport, "merge-lora", T::kFlag, "", "", "export: add each LoRA adapter (B A alpha/rank) into its base weight and drop the adapters: plain weights of the base architecture"},
     {kReport, "out", T::kString, "FILE.html", "", "report: where to write the page (default: DIR/report.html)"},
     {kOutput, "json", T::kFlag, "", "", "print exactly one JSON object on stdout (plan, ckpt, status)"},

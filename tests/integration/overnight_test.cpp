@@ -210,6 +210,25 @@ TEST(Notify, TheCommandGetsTheSameJsonOnStdin) {
   EXPECT_TRUE(contains(m.value("text", ""), "gpurun ckpt on ")) << m.dump();
 }
 
+TEST(Notify, AnEarlyStopIsAFinishedMessageWithItsReason) {
+  TempDir dir;
+  WebhookSink sink(dir);
+  ASSERT_TRUE(sink.ok());
+  const std::string config = write_config(dir, small_config(300, 30, 10));
+  Result r = run_gpurun(with_sets({config, "--ckpt", dir / "ckpt"},
+                                  {"notify.url=" + sink.url(), "train.early_stop.metric=eval_loss",
+                                   "train.early_stop.patience=2"}),
+                        {{"GPURUN_TEST_EVAL_LOSS", "5,3,4,6,1,1,1,1,1,1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(sink.delivered(), (Events{"started", "finished"})) << slurp(dir / "webhook.jsonl");
+  const json finished = sink.message("finished");
+  EXPECT_EQ(finished["reason"], "early_stop");
+  EXPECT_EQ(finished["epoch"], 4);  // 3 at epoch 2, then 4 and 6: two epochs without a gain
+  EXPECT_TRUE(
+      contains(finished.value("text", ""), "finished early: eval_loss did not improve for 2"))
+      << finished.dump();
+}
+
 // Three attempts, each timed here from its start to its exit; the final status's ledger is
 // their sum at the price, within 2%.
 TEST(Cost, TheLedgerOverThreeAttemptsIsTheirWallTimeTimesThePrice) {

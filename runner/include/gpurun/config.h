@@ -155,6 +155,23 @@ struct ScheduleConfig {
   double min_lr = 0.0;  ///< cosine: the floor reached at the last optimizer step
 };
 
+/// A metric of the `epoch` event that keep_best and early_stop rank epochs by.
+/// mode: min | max | auto; auto resolves to max for eval_accuracy and min for the losses
+/// (config.cpp), so the resolved config always says min or max.
+struct MetricGoal {
+  std::string metric;         ///< eval_loss | eval_accuracy | train_loss; "": off
+  std::string mode = "auto";  ///< min | max | auto
+};
+
+/// train.early_stop: stop once `metric` has not improved by more than min_delta for `patience`
+/// epochs in a row (Lightning's EarlyStopping(monitor, mode, patience, min_delta)). The
+/// counter travels in the checkpoint, so a resumed run stops at the epoch an uninterrupted one
+/// does (train/early_stop.h).
+struct EarlyStopConfig : MetricGoal {
+  int64_t patience = 3;  ///< epochs without improvement before the stop
+  double min_delta = 0;  ///< an improvement must beat the best by more than this
+};
+
 struct TrainConfig {
   int64_t epochs = 1;
   int64_t batch_size = 64;         ///< global batch: samples per optimizer step, all ranks
@@ -170,6 +187,7 @@ struct TrainConfig {
   /// On CUDA: deterministic cuBLAS (CUBLAS_WORKSPACE_CONFIG) and cuDNN algorithms, so that a
   /// resumed run is bit-identical to an uninterrupted one; off trades that for speed.
   bool deterministic = true;
+  EarlyStopConfig early_stop;
 };
 
 /// Text generated after every epoch by a model of token data (data text with model gpt, or
@@ -183,6 +201,14 @@ struct SampleConfig {
 
 /// checkpoint.every_minutes: auto, held as a NaN (every other value is a number >= 0).
 inline constexpr double kAutoInterval = std::numeric_limits<double>::quiet_NaN();
+
+/// checkpoint.keep_best: the k epoch checkpoints with the best `metric` are never deleted by
+/// retention (Lightning's ModelCheckpoint(monitor, save_top_k), Ray's num_to_keep with
+/// checkpoint_score_attribute); keep_last keeps the newest ones beside them
+/// (checkpoint/storage/retention.h).
+struct KeepBestConfig : MetricGoal {
+  int64_t k = 1;  ///< best checkpoints kept
+};
 
 struct CheckpointConfig {
   int64_t every_steps = 0;  ///< also save every N optimizer steps; 0: only per epoch
@@ -200,6 +226,7 @@ struct CheckpointConfig {
   /// path resolves against the working directory, as --ckpt does. "": off.
   std::string local_dir;
   int64_t local_keep_last = 2;  ///< complete checkpoints kept in the local tier
+  KeepBestConfig keep_best;
 };
 
 /// How gpurun fits the run to the device's memory (memory_plan.h).

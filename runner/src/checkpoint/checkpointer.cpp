@@ -108,9 +108,15 @@ Checkpointer::Checkpointer(const RunConfig& config, CheckpointOptions options, R
       writer_(local_ ? *local_ : store_, config.checkpoint.async) {
   const double every = config.checkpoint.every_minutes;
   interval_seconds_ = std::isnan(every) ? 0 : every * 60;
+  // The best are kept in both tiers: on the local disk too, so that a best checkpoint is not
+  // pruned there before its copy to --ckpt is made (local_keep_last + k folders at most).
+  store_.set_keep_best(config.checkpoint.keep_best);
+  if (local_) local_->set_keep_best(config.checkpoint.keep_best);
   if (local_ && rank_ == 0) {
-    copier_ = std::make_unique<TierCopier>(
-        std::make_unique<CheckpointStore>(options_.ckpt_dir, config.checkpoint.keep_last), *local_);
+    auto network =
+        std::make_unique<CheckpointStore>(options_.ckpt_dir, config.checkpoint.keep_last);
+    network->set_keep_best(config.checkpoint.keep_best);
+    copier_ = std::make_unique<TierCopier>(std::move(network), *local_);
     local_->set_write_hook(copier_->hold_function());
   }
 }

@@ -196,6 +196,7 @@ class Assembly {
     if (errors_.empty())
       detail::check_model_source(
           c, [&](const std::string& key) { return is_set(key); }, fail_rule);
+    if (errors_.empty()) detail::resolve_metric_goals(c);
     if (errors_.empty()) detail::check_across_keys(c, fail_rule);
     if (!errors_.empty()) throw ConfigError(join(errors_, "\n"));
     return c;

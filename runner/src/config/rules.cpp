@@ -111,6 +111,13 @@ void check_model_source(RunConfig& c, const std::function<bool(const std::string
              m.name);
 }
 
+void resolve_metric_goals(RunConfig& c) {
+  for (MetricGoal* goal : {static_cast<MetricGoal*>(&c.train.early_stop),
+                           static_cast<MetricGoal*>(&c.checkpoint.keep_best)})
+    if (!goal->metric.empty() && goal->mode == "auto")
+      goal->mode = goal->metric == "eval_accuracy" ? "max" : "min";
+}
+
 std::string batch_split_problem(const RunConfig& c, int64_t world_size) {
   const int64_t batch = c.train.batch_size, accumulation = c.train.accumulation_steps;
   if (world_size >= 1 && batch % (accumulation * world_size) == 0) return "";

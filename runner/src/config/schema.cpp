@@ -14,6 +14,12 @@ Limit positive_ints() { return {1, kInf, false, false, true, false, {}}; }  // n
 Limit one_of(std::vector<std::string> choices) {
   return {-kInf, kInf, false, false, true, false, std::move(choices)};
 }
+/// An epoch event's metric that keep_best and early_stop rank by, or "": off.
+Limit metric() {
+  Limit l = one_of({"eval_loss", "eval_accuracy", "train_loss"});
+  l.non_empty = false;
+  return l;
+}
 /// A number >= lo, or the word `auto` (checkpoint.every_minutes; data.workers, held as
 /// kAutoCount).
 Limit at_least_or_auto(double lo) {
@@ -133,6 +139,11 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(train, precision), one_of({"fp32", "bf16", "fp16", "auto"}), "autocast dtype; fp16 with a gradient scaler; auto: bf16, fp16 or fp32 as the device allows", kHashed},
     // Bits, not what is learned: a resume may switch it (the manifest records it).
     {GPURUN_KEY(train, deterministic), any(), "CUDA: deterministic cuBLAS and cuDNN for an exact resume", kNotHashed},
+    // Neither early_stop nor keep_best changes what one epoch learns, so a resume may change them.
+    {GPURUN_KEY3(train, early_stop, metric), metric(), "stop when this epoch metric stops improving: eval_loss | eval_accuracy | train_loss; left out: off", kNotHashed},
+    {GPURUN_KEY3(train, early_stop, mode), one_of({"auto", "min", "max"}), "early_stop: min | max | auto (max for eval_accuracy, min for the losses)", kNotHashed},
+    {GPURUN_KEY3(train, early_stop, patience), at_least(1), "early_stop: epochs without improvement before the stop", kNotHashed},
+    {GPURUN_KEY3(train, early_stop, min_delta), at_least(0), "early_stop: an improvement must beat the best by more than this", kNotHashed},
     {GPURUN_KEY(checkpoint, every_steps), at_least(0), "also save every N steps", kNotHashed},
     {GPURUN_KEY(checkpoint, every_minutes), at_least_or_auto(0), "also save every N minutes; auto: the Young/Daly interval", kNotHashed},
     {GPURUN_KEY(checkpoint, mtbf_hours), above(0), "every_minutes auto: mean hours between reclaims", kNotHashed},
@@ -143,6 +154,9 @@ const std::vector<Key>& schema() {
     {GPURUN_KEY(checkpoint, max_failures), at_least(1), "failed saves in a row before exit 1", kNotHashed},
     {GPURUN_KEY(checkpoint, local_dir), any(), "local disk saved to first, copied to --ckpt in the background; relative to the working directory; empty: off", kNotHashed},
     {GPURUN_KEY(checkpoint, local_keep_last), at_least(1), "complete checkpoints kept in local_dir", kNotHashed},
+    {GPURUN_KEY3(checkpoint, keep_best, metric), metric(), "never delete the k epoch checkpoints best by this metric: eval_loss | eval_accuracy | train_loss; left out: off", kNotHashed},
+    {GPURUN_KEY3(checkpoint, keep_best, mode), one_of({"auto", "min", "max"}), "keep_best: min | max | auto (max for eval_accuracy, min for the losses)", kNotHashed},
+    {GPURUN_KEY3(checkpoint, keep_best, k), at_least(1), "keep_best: best checkpoints kept beside keep_last's", kNotHashed},
     {GPURUN_KEY(memory, capacity), size_or({"auto"}), "device memory: auto or a SIZE", kNotHashed},
     {GPURUN_KEY(memory, headroom), fraction(), "fraction of the capacity left free", kNotHashed},
     {GPURUN_KEY(memory, strategy), one_of({"auto", "accumulate", "checkpoint", "none"}),

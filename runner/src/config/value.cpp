@@ -228,7 +228,8 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
       } catch (const ConfigError&) {
         return range_error(show(n));
       }
-    } else if (!limit.choices.empty() && !listed) {
+    } else if (!limit.choices.empty() && !listed && !(v.empty() && !limit.non_empty)) {
+      // A key of choices that may be empty takes "" as off (checkpoint.keep_best.metric).
       const std::string guess = nearest_of(v, limit.choices);
       return range_error(show(n)) + (guess.empty() ? "" : "; did you mean " + guess + "?");
     } else if (limit.non_empty && v.empty()) {

@@ -118,12 +118,15 @@ std::string notice_text(const json& m) {
         m.value("resumed", false) ? "resumed at " + at : "started" + (at.empty() ? "" : ", " + at);
   } else if (event == "finished") {
     what = "finished";
-    if (m.value("reason", std::string()) == "early_stop")
-      what += " early (" +
-              (m.contains("early_stop") && m["early_stop"].is_string()
-                   ? m["early_stop"].get<std::string>()
-                   : std::string("no improvement")) +
-              ")";
+    if (m.value("reason", std::string()) == "early_stop") {
+      const json stop = m.value("early_stop", json::object());
+      what +=
+          stop.is_object() && stop.contains("metric") && stop.contains("epochs_without_improvement")
+              ? fmt::format(" early: {} did not improve for {} epochs",
+                            stop["metric"].get<std::string>(),
+                            stop["epochs_without_improvement"].dump())
+              : std::string(" early");
+    }
     what += at.empty() ? "" : " at " + at;
     if (const std::string s = metrics(m); !s.empty()) what += "; " + s;
   } else if (event == "preempted") {

@@ -172,7 +172,7 @@ void Trainer::run() {
           "nothing left to train: {} has done all {} optimizer steps of train.epochs {}; it is "
           "the final checkpoint",
           loaded->info.path, total_steps_, config_.train.epochs);
-    for (; epoch_ < config_.train.epochs; ++epoch_, position_ = 0) run_epoch();
+    for (; epoch_ < config_.train.epochs && !early_stopped_; ++epoch_, position_ = 0) run_epoch();
     checkpointer_.finish(global_step_);  // throws when the final state is not saved
     if (comm_) comm_->barrier();  // every rank ends once rank 0's last checkpoint is complete
     reporter_.end_progress();
@@ -181,9 +181,11 @@ void Trainer::run() {
     nlohmann::json final_status = where_it_ended();
     final_status.update({{"state", "finished"}, {"eta_seconds", 0}});
     final_status["cost"] = ledger_.summary();
-    reporter_.end_run(
-        {{"exit_code", 0}, {"global_step", global_step_}, {"attempt", ledger_.this_attempt()}},
-        final_status);
+    final_status.update(end_reason());
+    nlohmann::json done = {
+        {"exit_code", 0}, {"global_step", global_step_}, {"attempt", ledger_.this_attempt()}};
+    done.update(end_reason());
+    reporter_.end_run(done, final_status);
   } catch (const std::exception& e) {
     reporter_.end_progress();
     // A run refused before it started (directory held, config changed) leaves the metrics
@@ -206,7 +208,9 @@ void Trainer::run() {
 }
 
 nlohmann::json Trainer::where_it_ended() const {
-  const int64_t epoch = std::max<int64_t>(0, std::min(epoch_, config_.train.epochs - 1));
+  // An early stop has moved epoch_ past the last epoch it trained, as the end of train.epochs does.
+  const int64_t last = early_stopped_ ? epoch_ - 1 : config_.train.epochs - 1;
+  const int64_t epoch = std::max<int64_t>(0, std::min(epoch_, last));
   nlohmann::json fields = {{"epoch", epoch}, {"global_step", global_step_}};
   if (metrics_.last_loss()) fields["loss"] = *metrics_.last_loss();
   return fields;
@@ -317,6 +321,13 @@ void Trainer::resume_or_start(std::optional<LoadedCheckpoint>& loaded, double re
                 ? meta.extra["run_id"].get<std::string>()
                 : std::string();
   restore_scaler(meta, loaded->info.path);
+  early_stop_.restore(meta.extra.value("early_stop", nlohmann::json()));
+  if (early_stop_.should_stop() && position_ == 0 && epoch_ > 0 && epoch_ < config_.train.epochs) {
+    early_stopped_ = true;
+    spdlog::info(
+        "nothing left to train: {} is the final checkpoint of a run that stopped early ({})",
+        loaded->info.path, early_stop_.reason(epoch_ - 1, config_.train.epochs));
+  }
   checkpointer_.resumed_from(loaded->info.path, global_step_);
   reporter_.status({{"last_checkpoint", loaded->info.path}});
   spdlog::info("resuming from {}: epoch {}, global step {}, position {} in the epoch",
@@ -385,8 +396,9 @@ void Trainer::run_epoch() {
   sync_buffers();
   peaks_.enter(&MeasuredPeaks::evaluation);
   const auto eval_start = Clock::now();
-  const auto [eval_loss, eval_accuracy] = evaluate();
+  const auto [measured_eval_loss, eval_accuracy] = evaluate();
   eval_seconds_ = seconds_since(eval_start);
+  const double eval_loss = scripted_eval_loss(epoch_).value_or(measured_eval_loss);  // tests only
   peaks_.enter(nullptr);
   const double seconds = seconds_since(epoch_start);
   const double train_loss = epoch_mean_loss();
@@ -396,7 +408,10 @@ void Trainer::run_epoch() {
   if (rank_ == 0)
     registry_.run_epoch_hooks({config_, *model_, data_, device_, epoch_, global_step_});
   reporter_.status({{"eval_loss", eval_loss}, {"eval_accuracy", eval_accuracy}});
-  save("epoch", epoch_ + 1, 0);
+  const nlohmann::json metrics = {
+      {"eval_loss", eval_loss}, {"eval_accuracy", eval_accuracy}, {"train_loss", train_loss}};
+  observe_early_stop(metrics);  // before the save, which carries the count
+  save("epoch", epoch_ + 1, 0, metrics);
   // After the epoch's own save, so that its peak covers every part the plan fitted.
   const MeasuredPeaks peaks = peaks_.peaks();
   reporter_.event("epoch", {{"epoch", epoch_},
@@ -409,6 +424,25 @@ void Trainer::run_epoch() {
                             {"measured_peaks", peaks.to_json()},
                             {"seconds", seconds}});
   stop_if_signalled();
+  // The last epoch of train.epochs ends the run anyway, as finished.
+  if (early_stop_.should_stop() && epoch_ + 1 < config_.train.epochs) {
+    early_stopped_ = true;
+    spdlog::info("{}", early_stop_.reason(epoch_, config_.train.epochs));
+  }
+}
+
+void Trainer::observe_early_stop(const nlohmann::json& metrics) {
+  if (!early_stop_.enabled()) return;
+  early_stop_.observe(epoch_, metrics);
+  // The metrics are reduced over the ranks, but a last bit's difference must not split the
+  // decision (one rank stopping while the others wait in a collective): rank 0's count rules.
+  if (comm_)
+    early_stop_.restore(nlohmann::json::parse(comm_->broadcast(early_stop_.state().dump())));
+}
+
+nlohmann::json Trainer::end_reason() const {
+  if (!early_stopped_) return {{"reason", "finished"}};
+  return {{"reason", "early_stop"}, {"early_stop", early_stop_.summary()}};
 }
 
 void Trainer::after_step(double loss, int64_t window) {
@@ -455,7 +489,8 @@ bool Trainer::due_for_checkpoint() const {
   return comm_ ? agreed_save_ : checkpointer_.minutes_due();
 }
 
-void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
+void Trainer::save(const std::string& reason, int64_t epoch, int64_t position,
+                   const nlohmann::json& metrics) {
   CheckpointMeta meta;
   meta.epoch = epoch;
   meta.global_step = global_step_;
@@ -486,6 +521,9 @@ void Trainer::save(const std::string& reason, int64_t epoch, int64_t position) {
   if (!model_source_.empty()) meta.extra["model_source"] = model_source_;
   // Decodes the model's outputs without the data (e.g. a text model's characters).
   if (!data_.class_names.empty()) meta.extra["class_names"] = data_.class_names;
+  // What checkpoint.keep_best ranks by, and the early stop's count as of the last epoch's end.
+  if (!metrics.is_null()) meta.extra["metrics"] = metrics;
+  if (early_stop_.enabled()) meta.extra["early_stop"] = early_stop_.state();
   const PeakParts::Part was = peaks_.enter(&MeasuredPeaks::checkpoint_capture);
   checkpointer_.save(std::move(meta), *model_, *optimizer_);
   peaks_.enter(was);

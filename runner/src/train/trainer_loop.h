@@ -26,6 +26,7 @@
 #include "optim/step_optimizer.h"
 #include "report/reporter.h"
 #include "train/cost_ledger.h"
+#include "train/early_stop.h"
 #include "train/immediate_stop.h"
 #include "train/resume_check.h"
 #include "train/run_setup.h"
@@ -142,7 +143,15 @@ class Trainer {
   void report_resume_check(const nlohmann::json& verdict);
 
   /// Saves the state after global_step_; `epoch` and `position` say where training continues.
-  void save(const std::string& reason, int64_t epoch, int64_t position);
+  /// `metrics`: an epoch checkpoint's {eval_loss, eval_accuracy, train_loss}, recorded in its
+  /// manifest (extra.metrics) for checkpoint.keep_best; null for any other checkpoint.
+  void save(const std::string& reason, int64_t epoch, int64_t position,
+            const nlohmann::json& metrics = nullptr);
+  /// train.early_stop after an epoch's metrics: the count, the same on every rank (rank 0's).
+  void observe_early_stop(const nlohmann::json& metrics);
+  /// The done event's and status.json's reason: {reason: finished}, or {reason: early_stop,
+  /// early_stop: EarlyStop::summary()}.
+  nlohmann::json end_reason() const;
 
   /// Logs the scheduler's job and warns when its time limit leaves no time to save
   /// (train/scheduler_job.h); rank 0, at the start.
@@ -230,6 +239,8 @@ class Trainer {
   /// global_step_ and epoch_ after the last step, for the immediate-stop thread.
   std::atomic<int64_t> reached_step_{0}, reached_epoch_{0};
   bool started_ = false;  ///< past the lease, directory and resume checks
+  EarlyStop early_stop_{config_.train.early_stop};
+  bool early_stopped_ = false;  ///< train.early_stop ended the run before train.epochs
   double lr_ = 0;
   StepMetrics metrics_;
 };

@@ -78,4 +78,19 @@ bool fault_fires(const char* action, const char* point, int64_t count) {
   return false;
 }
 
+std::optional<double> scripted_eval_loss(int64_t epoch) {
+  static const std::vector<double> values = [] {
+    std::vector<double> parsed;
+    const char* spec = std::getenv("GPURUN_TEST_EVAL_LOSS");
+    std::istringstream items(spec ? spec : "");
+    for (std::string item; std::getline(items, item, ',');)
+      parsed.push_back(std::atof(item.c_str()));
+    return parsed;
+  }();
+  if (epoch < 0 || epoch >= static_cast<int64_t>(values.size())) return std::nullopt;
+  spdlog::warn("test hook: epoch {}'s eval_loss is {} (GPURUN_TEST_EVAL_LOSS)", epoch,
+               values[epoch]);
+  return values[epoch];
+}
+
 }  // namespace gpurun

@@ -90,6 +90,8 @@ TEST(CommandLine, OtherSubcommands) {
   c = parse({"export", "/d", "--to", "m.pt"});
   EXPECT_EQ(c.kind, Command::Kind::kExport);
   EXPECT_EQ(c.to, "m.pt");
+  EXPECT_FALSE(c.best);
+  EXPECT_TRUE(parse({"export", "/d", "--best", "--to", "m.pt"}).best);
   c = parse({"plan", "r.yaml", "--memory-limit", "1GB", "--json"});
   EXPECT_EQ(c.kind, Command::Kind::kPlan);
   EXPECT_EQ(c.run.memory_limit, 1000000000);

@@ -134,8 +134,8 @@ log:
 
   const std::string block = format_resolved(c);
   EXPECT_TRUE(contains(block, "resolved config (" + path + "):\n"));
-  EXPECT_TRUE(contains(block, "\n  optim.lr                    0.01\n"));
-  EXPECT_TRUE(contains(block, "\n  model.hidden                [512, 256, 128]\n"));
+  EXPECT_TRUE(contains(block, "\n  optim.lr                     0.01\n"));
+  EXPECT_TRUE(contains(block, "\n  model.hidden                 [512, 256, 128]\n"));
   EXPECT_LT(block.find("model.name"), block.find("log.every_steps"));  // schema order
 }
 
@@ -160,6 +160,37 @@ TEST(Config, TypoSuggestsKey) {
   EXPECT_TRUE(contains(msg, "run.yaml:4:"));
   EXPECT_TRUE(contains(msg, "unknown key train.epoch"));
   EXPECT_TRUE(contains(msg, "did you mean train.epochs?"));
+}
+
+// Issue 44, part 3: keep_best and early_stop, their modes resolved by the metric, typos
+// suggested, and not training keys (a resume may change them).
+TEST(Config, KeepBestAndEarlyStopResolveAndSuggest) {
+  const RunConfig defaults = parse_config("", "run.yaml");
+  EXPECT_EQ(defaults.checkpoint.keep_best.metric, "");
+  EXPECT_EQ(defaults.checkpoint.keep_best.k, 1);
+  EXPECT_EQ(defaults.train.early_stop.patience, 3);
+  const RunConfig c = parse_config(
+      "checkpoint: {keep_best: {metric: eval_accuracy, k: 2}}\n"
+      "train: {early_stop: {metric: eval_loss, patience: 4, min_delta: 0.01}}\n",
+      "run.yaml");
+  EXPECT_EQ(c.checkpoint.keep_best.mode, "max");  // auto: accuracy rises
+  EXPECT_EQ(c.checkpoint.keep_best.k, 2);
+  EXPECT_EQ(c.train.early_stop.mode, "min");  // auto: a loss falls
+  EXPECT_EQ(c.train.early_stop.patience, 4);
+  EXPECT_EQ(c.train.early_stop.min_delta, 0.01);
+  EXPECT_EQ(
+      parse_config("", "run.yaml",
+                   {"checkpoint.keep_best.metric=train_loss", "checkpoint.keep_best.mode=max"})
+          .checkpoint.keep_best.mode,
+      "max");
+  EXPECT_EQ(config_hash(defaults), config_hash(c));
+  EXPECT_TRUE(contains(error_of("checkpoint:\n  keep_best: {metric: eval_los}\n"),
+                       "did you mean eval_loss?"));
+  EXPECT_TRUE(contains(error_of("train:\n  early_stop: {patiense: 3}\n"),
+                       "unknown key train.early_stop.patiense; did you mean "
+                       "train.early_stop.patience?"));
+  EXPECT_TRUE(contains(error_of("checkpoint:\n  keep_best: {metric: eval_loss, k: 0}\n"),
+                       "checkpoint.keep_best.k"));
 }
 
 // Issue 43: preemption.watch and poll_seconds, typos suggested, bad values named.

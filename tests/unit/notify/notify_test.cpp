@@ -89,6 +89,12 @@ TEST(NoticeMessage, EachEventReadsAsWhatHappened) {
             "gpurun r on h: stalled: no progress for 600 s at step 5; its workers were killed");
   EXPECT_EQ(notice_message("budget", "r", "h", status, {})["text"],
             "gpurun r on h: stopped at its budget at step 5; saved; raise cost.budget to resume");
+  EXPECT_EQ(
+      notice_message(
+          "finished", "r", "h", status,
+          {{"reason", "early_stop"},
+           {"early_stop", {{"metric", "eval_loss"}, {"epochs_without_improvement", 3}}}})["text"],
+      "gpurun r on h: finished early: eval_loss did not improve for 3 epochs at step 5");
   EXPECT_EQ(notice_events(), NotifyConfig().on);
 }
 

@@ -1,12 +1,14 @@
 #include "checkpoint/storage/store.h"
 
 #include "checkpoint/format/manifest.h"
+#include "checkpoint/format/metric_rank.h"
 #include "checkpoint/storage/folder_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +31,12 @@ namespace gpurun {
 
 using json = nlohmann::json;
 using namespace checkpoint_folder;
+
+namespace {
+/// Folders retention removed in this process, every store together: the N of the test-only
+/// fault point "retention_remove".
+std::atomic<int64_t> retention_removals{0};
+}  // namespace
 
 namespace checkpoint_folder {
 
@@ -179,7 +187,9 @@ int64_t CheckpointStore::write_folder(const std::string& name, const FilesTable&
 }
 
 std::vector<std::string> CheckpointStore::apply_retention(const std::string& just_written) {
-  // Its failures are logged, not thrown: the new checkpoint is complete.
+  // Its failures are logged, not thrown: the new checkpoint is complete. A manifest that cannot
+  // be read throws (the view reads with ReadErrors::kThrow), so nothing is deleted on a ranking
+  // that storage trouble made uncertain.
   std::vector<std::string> removed;
   try {
     const std::vector<CheckpointInfo> all = view_.list(/*verify=*/false);
@@ -187,18 +197,41 @@ std::vector<std::string> CheckpointStore::apply_retention(const std::string& jus
     for (const auto& info : all) {
       if (info.complete) complete.push_back(&info);
     }
+    const bool keep_best = !keep_best_.metric.empty();
+    std::vector<bool> best(complete.size(), false);
+    if (keep_best) {
+      std::vector<std::optional<double>> values;
+      for (const CheckpointInfo* info : complete)
+        values.push_back(manifest_metric(info->manifest, keep_best_.metric));
+      for (const size_t i : best_indices(values, keep_best_.mode, keep_best_.k)) best[i] = true;
+    }
     const int64_t newest_step = complete.empty() ? -1 : complete.back()->global_step;
     const size_t keep_from =
         complete.size() > static_cast<size_t>(keep_last_) ? complete.size() - keep_last_ : 0;
-    std::vector<const CheckpointInfo*> doomed(complete.begin(), complete.begin() + keep_from);
+    std::vector<const CheckpointInfo*> doomed;
+    for (size_t i = 0; i < keep_from; ++i)
+      if (!best[i]) doomed.push_back(complete[i]);
     for (const auto& info : all) {
-      if (!info.complete && info.global_step < newest_step) doomed.push_back(&info);
+      if (info.complete || info.global_step >= newest_step) continue;
+      if (!keep_best) {
+        doomed.push_back(&info);
+      } else if (std::find(kept_incomplete_.begin(), kept_incomplete_.end(), info.name) ==
+                 kept_incomplete_.end()) {
+        kept_incomplete_.push_back(info.name);
+        spdlog::warn(
+            "retention: keeping {}, which is incomplete ({}): with checkpoint.keep_best on, its "
+            "{} cannot be ranked, and it may be one of the best; check it with `gpurun ckpt "
+            "verify {}` and remove it by hand",
+            info.path, info.problem, keep_best_.metric, dir_);
+      }
     }
     for (const CheckpointInfo* info : doomed) {
       if (info->name == just_written) continue;
       if (retention_guard_ && retention_guard_(info->name)) continue;  // being copied
       try {
+        fault_point("retention_remove", retention_removals.load());
         storage_->remove_folder(info->name);
+        ++retention_removals;
         removed.push_back(info->name);
         spdlog::info("retention: removed {}{}", info->path,
                      info->complete ? "" : " (incomplete: " + info->problem + ")");

@@ -25,6 +25,7 @@
 
 #include "checkpoint/format/checkpoint_types.h"
 #include "checkpoint/storage/checkpoint_storage.h"
+#include "gpurun/config.h"
 
 namespace gpurun {
 
@@ -146,6 +147,13 @@ class CheckpointStore {
     retention_guard_ = std::move(keep);
   }
 
+  /// checkpoint.keep_best: retention never deletes the `best.k` complete checkpoints whose
+  /// manifests record the best `best.metric` (mode min or max; ties keep the older one,
+  /// metric_rank.h), and, while it is on, no incomplete folder either (its metric cannot be
+  /// read, so it might be one of them; it is logged instead). keep_last counts the newest
+  /// complete checkpoints beside them. A metric of "" (the default) is off.
+  void set_keep_best(KeepBestConfig best) { keep_best_ = std::move(best); }
+
   /// `writing(true)` before a save's or a copy's files are written into DIR, `writing(false)`
   /// after (also when it fails): the local tier holds the network copy's disk traffic off its
   /// saves with it. Called before the first save; `writing` must be thread-safe.
@@ -219,7 +227,9 @@ class CheckpointStore {
   int64_t write_folder(const std::string& name, const FilesTable& files, const FaultPoints& faults,
                        const Fill& fill);
   /// Deletes the complete checkpoints beyond keep_last and the incomplete ones older than the
-  /// newest complete one, never `just_written`; logs failures. Returns the names removed.
+  /// newest complete one, never `just_written` nor one keep_best protects (set_keep_best());
+  /// logs failures. The test-only fault point "retention_remove" (faults.h) comes before each
+  /// removal. Returns the names removed.
   std::vector<std::string> apply_retention(const std::string& just_written);
 
   std::string dir_;
@@ -231,6 +241,8 @@ class CheckpointStore {
   int64_t copies_ = 0;  ///< copy_from() calls started, likewise
   std::function<bool(const std::string&)> retention_guard_;
   std::function<void(bool)> write_hook_;
+  KeepBestConfig keep_best_;
+  std::vector<std::string> kept_incomplete_;  ///< incomplete folders keep_best kept, logged once
 };
 
 }  // namespace gpurun
