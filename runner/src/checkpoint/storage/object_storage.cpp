@@ -21,6 +21,9 @@
 namespace gpurun {
 namespace {
 
+// Objects up to this size are read in one GET of whatever version is current (read()).
+constexpr int64_t kWholeReadBytes = int64_t{1} << 20;
+
 using checkpoint_folder::kManifest;
 
 constexpr const char* kDamaged = ".damaged";
@@ -217,7 +220,13 @@ void ObjectStorage::read(const std::string& name, const ByteSink& out) const {
   const std::optional<S3Object> object = client_->head(key(name));
   if (!object) throw IoError("read", path(name), ENOENT);
   try {
-    client_->download(key(name), object->size, out);
+    // A small object is read whole, as it is at the GET: lease.json and LATEST are replaced in
+    // place (a heartbeat every 0.5 s), so the size the HEAD saw may be another version's. A
+    // checkpoint's files never change once written: their size is checked.
+    if (object->size <= kWholeReadBytes)
+      client_->get(key(name), 0, -1, out);
+    else
+      client_->download(key(name), object->size, out);
   } catch (const S3Error& e) {
     rethrow_missing_as_enoent(e, path(name));
   }
