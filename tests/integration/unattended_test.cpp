@@ -134,7 +134,7 @@ TEST(Storage, ReadOnlyTargetIsRefusedAtStartWithExit2NamingTheCause) {
   EXPECT_TRUE(contains(r.err, "Read-only file system")) << r.err;
   EXPECT_TRUE(contains(r.err, disk.path())) << r.err;
   EXPECT_FALSE(contains(r.err, "training goes on")) << r.err;
-  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
+  EXPECT_FALSE(contains(r.err, "finished:")) << r.err;  // the end's line
 
   // A directory still to be made on it, the run's files elsewhere: refused before training.
   const std::string sub = disk.path() + "/runs/a";
@@ -183,7 +183,7 @@ TEST(Storage, AFinalCheckpointThatIsNotWrittenExits1SayingWhatIsLost) {
                                   {"model.hidden=[512,256]", "checkpoint.every_steps=10",
                                    "checkpoint.keep_last=1", "checkpoint.max_failures=100"}));
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
+  EXPECT_FALSE(contains(r.err, "finished:")) << r.err;  // the end's line
   EXPECT_TRUE(contains(r.err, "final checkpoint (global step 60) was not written")) << r.err;
   EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
   EXPECT_TRUE(contains(r.err, "50 optimizer steps after global step 10 are not saved")) << r.err;
@@ -215,7 +215,7 @@ TEST(Storage, StorageTurningReadOnlyMidRunExpiresTheLeaseAndStopsWithExit1) {
   EXPECT_TRUE(contains(r.err, "Stopping without saving")) << r.err;
   EXPECT_TRUE(contains(r.err, "the newest complete checkpoint is " + disk.path() + "/ckpt-"))
       << r.err;
-  EXPECT_FALSE(contains(r.err, "finished")) << r.err;
+  EXPECT_FALSE(contains(r.err, "finished:")) << r.err;  // the end's line
 }
 
 TEST(Supervisor, TwoCrashesWithMaxRestarts3FinishWithTheRightDigest) {

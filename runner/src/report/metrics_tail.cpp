@@ -13,7 +13,11 @@ namespace gpurun {
 
 std::vector<std::string> complete_lines_in_tail(const std::string& path, size_t tail_bytes) {
   std::vector<std::string> lines;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A FIFO (or a device) in place of metrics.jsonl would block open(2) for good: only a
+  // regular file is read, and the open itself never waits for a writer.
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0 || !S_ISREG(before.st_mode)) return lines;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return lines;
   struct stat st {};
   std::string text;
