@@ -60,10 +60,14 @@ Notifier::Notifier(const NotifyConfig& config, std::string run_dir, std::string 
                         url_.substr(1) + " is not set");
     url_ = value;
   }
-  if (!url_.empty() && url_.rfind("http://", 0) != 0 && url_.rfind("https://", 0) != 0)
-    throw ConfigError(
-        "notify.url must start with http:// or https:// (its value is not shown: a webhook's URL "
-        "may hold a secret)");
+  if (!url_.empty()) {
+    const bool http = url_.rfind("http://", 0) == 0 || url_.rfind("https://", 0) == 0;
+    const std::string host = http ? url_host(url_).substr(url_.find("://") + 3) : "";
+    if (!http || host.empty() || url_.find_first_of(" \t\r\n") != std::string::npos)
+      throw ConfigError(
+          "notify.url must be an http:// or https:// URL with a host and no spaces (its value is "
+          "not shown: a webhook's URL may hold a secret)");
+  }
   shown_ = url_.empty() ? "" : url_host(url_);
   if (url_.empty() && config_.command.empty()) return;
   if (!url_.empty()) http_ = std::make_unique<HttpClient>();

@@ -65,14 +65,19 @@ void Trainer::watch_events() {
           line.contains("notice")
               ? line["notice"].value("cloud", std::string("cloud")) + " preemption notice"
               : signal_name(line.value("signal", SIGTERM));
-      notifier->send("preempted", status, {{"cause", cause}},
+      // status.json's step is the last step event's: the stop is at this one.
+      notifier->send("preempted", status,
+                     {{"cause", cause}, {"step", line.value("global_step", int64_t{0})}},
                      fmt::format("preempted:{}:{}", run_id_, line.value("global_step", 0)));
     } else if (name == "done") {
       const int code = line.value("exit_code", 1);
       if (code == kExitOk) {
         json details = {{"reason", line.value("reason", std::string("finished"))}};
         if (line.contains("early_stop")) details["early_stop"] = line["early_stop"];
-        notifier->send("finished", status, details, "finished:" + run_id_);
+        // With its step: a finished run that a resume extends (more epochs, more patience)
+        // finishes again, later.
+        notifier->send("finished", status, details,
+                       fmt::format("finished:{}:{}", run_id_, line.value("global_step", 0)));
       } else if (code == kExitBudget) {
         notifier->send("budget", status, {},
                        fmt::format("budget:{}:{}", run_id_, line.value("global_step", 0)));

@@ -128,6 +128,10 @@ TEST(Notifier, RefusesAUrlThatIsNotHttpWithoutShowingIt) {
     EXPECT_EQ(std::string(e.what()).find("SECRET-TOKEN"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("notify.url"), std::string::npos) << e.what();
   }
+  for (const char* bad : {"http://", "https://exa mple.com/x", "https:///path"}) {
+    c.url = bad;
+    EXPECT_THROW(Notifier(c, "/tmp", "r"), ConfigError) << bad;
+  }
   c.url = "$GPURUN_TEST_NO_SUCH_VARIABLE";
   EXPECT_THROW(Notifier(c, "/tmp", "r"), ConfigError);
 }
