@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -134,10 +133,8 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
       throw ConfigError(problem);
     // A `failed` message must also come when the process that trains is killed outright (the
     // OOM killer's SIGKILL), which only a parent sees: with one wanted, a supervisor runs it.
-    const bool report_deaths = env.count(kSupervisedVariable) == 0 &&
-                               (!config.notify.url.empty() || !config.notify.command.empty()) &&
-                               std::find(config.notify.on.begin(), config.notify.on.end(),
-                                         "failed") != config.notify.on.end();
+    const bool report_deaths =
+        env.count(kSupervisedVariable) == 0 && sends(config.notify, "failed");
     if (world > 1 || request.max_restarts > 0 || request.hang_timeout > 0 || report_deaths) {
       SupervisorOptions s;
       s.env[kSupervisedVariable] = "1";

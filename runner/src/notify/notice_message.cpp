@@ -53,12 +53,6 @@ void copy_if(const json& from, const char* name, json& to, const char* as = null
 
 }  // namespace
 
-const std::vector<std::string>& notice_events() {
-  static const std::vector<std::string> kEvents{
-      "started", "checkpoint_failed", "preempted", "stalled", "failed", "finished", "budget"};
-  return kEvents;
-}
-
 std::string describe_cost(const json& cost) {
   if (!cost.is_object() || !cost.contains("seconds")) return "-";
   const int64_t attempts = cost.value("attempts", int64_t{1});

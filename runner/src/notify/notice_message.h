@@ -19,9 +19,6 @@
 
 namespace gpurun {
 
-/// The events a run sends (notify.on), in the order of a run's life.
-const std::vector<std::string>& notice_events();
-
 /// The message of `event` for the run `run_name` on `host`: `status` is what status.json holds
 /// (epoch 0-based, global_step, total_steps, epochs, loss, eval_loss, eval_accuracy, cost,
 /// last_checkpoint, error, ...) and `details` the event's own fields, which win (reason,

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -90,11 +91,13 @@ Notifier::~Notifier() {
   thread_.join();
 }
 
+bool sends(const NotifyConfig& config, const std::string& event) {
+  return (!config.url.empty() || !config.command.empty()) &&
+         std::find(config.on.begin(), config.on.end(), event) != config.on.end();
+}
+
 bool Notifier::wants(const std::string& event) const {
-  if (!thread_.joinable()) return false;
-  for (const std::string& e : config_.on)
-    if (e == event) return true;
-  return false;
+  return thread_.joinable() && sends(config_, event);
 }
 
 void Notifier::send(const std::string& event, const json& status, const json& details,

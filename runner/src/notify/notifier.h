@@ -86,6 +86,9 @@ class Notifier {
   void record(const std::string& key, const std::string& event);
 };
 
+/// Whether `config` sends `event`: a URL or a command is set and notify.on lists it.
+bool sends(const NotifyConfig& config, const std::string& event);
+
 /// The scheme and host of `url` ("https://hooks.slack.com"): what a message may show of it.
 std::string url_host(const std::string& url);
 
