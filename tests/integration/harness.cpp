@@ -200,9 +200,11 @@ bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::
                              double timeout_seconds) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  // LATEST ends with a newline; a caller may pass its content trimmed or not.
+  const std::string old_name = trimmed(before);
   while (std::chrono::steady_clock::now() < deadline) {
-    const std::string latest = slurp(ckpt_dir + "/LATEST");
-    if (!latest.empty() && latest != before) return true;
+    const std::string latest = trimmed(slurp(ckpt_dir + "/LATEST"));
+    if (!latest.empty() && latest != old_name) return true;
     // WNOWAIT leaves the exit status for wait_gpurun.
     siginfo_t info{};
     if (pid > 0 &&

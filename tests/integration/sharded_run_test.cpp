@@ -48,7 +48,10 @@ double last_eval_loss(const std::string& run_dir) {
 
 // Issue 29: SIGKILL of a random rank at a random moment after a checkpoint (in a step, or
 // during the next save's shard writes), three times; each restart resumes the newest complete
-// checkpoint and the last one ends with the digest of the uninterrupted sharded run.
+// checkpoint and the last one ends with the digest of the uninterrupted sharded run. In the
+// rounds meant to be killed, each step takes 80 ms more and a process pauses after its second
+// save, so a test process scheduled late still finds its victim alive rather than a finished
+// run, and every round starts at step 20 or before, with two saves still ahead of it.
 TEST(Sharded, RandomSigkillsOnRandomRanksEndWithTheUninterruptedShardedDigest) {
   TempDir dir;
   const std::string config = sharded_config(dir);
@@ -60,21 +63,25 @@ TEST(Sharded, RandomSigkillsOnRandomRanksEndWithTheUninterruptedShardedDigest) {
   for (int round = 0; round < 4; ++round) {
     std::vector<std::string> args = ranks({config, "--ckpt", ckpt}, 2);
     if (round > 0) args.push_back("--resume");
-    const pid_t launcher = start_gpurun(args, dir / ("run" + std::to_string(round)));
+    const std::string before = round > 0 ? slurp(ckpt + "/LATEST") : "";
+    const Env slowed{{"GPURUN_FAULT", "sleep80:after_step:*,sleep300000:after_save:2"}};
+    const pid_t launcher =
+        start_gpurun(args, dir / ("run" + std::to_string(round)), round < 3 ? slowed : Env{});
     if (round < 3) {
-      std::string before;
-      if (round > 0) before = trimmed(slurp(ckpt + "/LATEST"));
-      if (wait_for_new_checkpoint(ckpt, launcher, before, 120)) {
-        sleep_for(std::uniform_real_distribution<double>(0, 0.3)(random));
-        const pid_t victim = worker_pid(launcher, static_cast<int>(random() % 2));
-        if (victim > 0 && kill(victim, SIGKILL) == 0) ++kills;
-      }
+      ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, before, 120))
+          << "round " << round << "\n"
+          << slurp(dir / ("run" + std::to_string(round) + ".err"));
+      sleep_for(std::uniform_real_distribution<double>(0, 0.3)(random));
+      const pid_t victim = worker_pid(launcher, static_cast<int>(random() % 2));
+      ASSERT_GT(victim, 0) << "no rank to kill in round " << round;
+      ASSERT_EQ(kill(victim, SIGKILL), 0);
+      ++kills;
     }
     const Result r = wait_gpurun(launcher, dir / ("run" + std::to_string(round)), 180);
     if (r.exit_code == 0) break;
     ASSERT_EQ(r.exit_code, 1) << r.err;  // a rank killed: the job fails, naming it
   }
-  EXPECT_GE(kills, 1);
+  EXPECT_EQ(kills, 3);
   EXPECT_EQ(digest(ckpt), digest(dir / "reference"));
   EXPECT_EQ(inspect(ckpt).value("global_step", -1), 40);
 }
