@@ -223,5 +223,42 @@ TEST(EarlyStop, StopsAtTheSameEpochWithAndWithoutAKillAndResume) {
   EXPECT_EQ(inspect(killed / "ckpt").value("global_step", 0), 45);
 }
 
+// Two ranks: rank 0's counter decides and is broadcast, so both ranks stop after the same
+// epoch as one rank does, with no rank left waiting in a collective; killed and resumed, the
+// same epoch and the same weights.
+TEST(EarlyStop, TwoRanksStopTogetherAtTheEpochOneRankStopsAt) {
+  const std::vector<std::string> sets{"train.early_stop.metric=eval_loss",
+                                      "train.early_stop.patience=2", "checkpoint.every_steps=2"};
+  const Env scripted{{"GPURUN_TEST_EVAL_LOSS", "5,3,4,2,6,7,1,0.5"}};
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(200, 40, 8));
+  const auto two = [&](const std::string& ckpt) {
+    std::vector<std::string> args = with_sets({config, "--ckpt", ckpt, "--resume"}, sets);
+    args.insert(args.end(), {"--nproc-per-node", "2"});
+    return args;
+  };
+  Result r = run_gpurun(two(dir / "clean"), scripted);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Ending expected = ending(dir / "clean", dir / "clean");
+  EXPECT_EQ(expected.last_epoch, 5);  // best 2 after epoch 4 (1-based), then 6 and 7
+  EXPECT_EQ(expected.done.value("reason", ""), "early_stop") << expected.done.dump();
+  EXPECT_EQ(inspect(dir / "clean").value("global_step", 0), 30);
+  Result one = run_gpurun(with_sets({config, "--ckpt", dir / "one"}, sets), scripted);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(ending(dir / "one", dir / "one").last_epoch, expected.last_epoch);
+
+  Env kill = scripted;
+  kill["GPURUN_FAULT"] = "sigkill:after_step:11";
+  Result first = run_gpurun(two(dir / "killed"), kill);
+  EXPECT_NE(first.exit_code, 0) << first.err;
+  Result second = run_gpurun(two(dir / "killed"), scripted);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_TRUE(contains(second.err, "global step 10")) << second.err;
+  const Ending resumed = ending(dir / "killed", dir / "killed");
+  EXPECT_EQ(resumed.last_epoch, expected.last_epoch);
+  EXPECT_EQ(resumed.done.value("reason", ""), "early_stop");
+  EXPECT_EQ(resumed.digest, expected.digest);
+}
+
 }  // namespace
 }  // namespace gpurun::test

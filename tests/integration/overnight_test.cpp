@@ -326,6 +326,48 @@ TEST(Cost, TheBudgetStopsWithACheckpointAndOnlyALargerOneResumesExactly) {
   EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
 }
 
+// Two ranks, each a card-hour at 3600: two units a second. Rank 0 projects the spend and the
+// ranks agree through the gradient sync, so both stop after the same step: one checkpoint at
+// the stop's step, exit 4 from the launcher (no rank left waiting in a collective), and a
+// resume with a larger budget ends at the uninterrupted two-rank run's digest.
+TEST(Cost, TwoRanksStopForTheBudgetAtOneStepAndResumeExactly) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(3000, 20, 1));
+  const auto two = [](std::vector<std::string> args) {
+    args.insert(args.end(), {"--nproc-per-node", "2"});
+    return args;
+  };
+  Result reference = run_gpurun(two({config, "--ckpt", dir / "reference"}));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  const auto with_budget = [&](std::vector<std::string> args, const std::string& budget) {
+    return two(with_sets(std::move(args), {"cost.price_per_hour=3600", "log.every_steps=1",
+                                           "cost.budget=" + budget}));
+  };
+  const Env slow{{"GPURUN_FAULT", "sleep60:after_step:*"}};
+  Result r = run_gpurun(with_budget({config, "--ckpt", dir / "ckpt"}, "12"), slow);
+  ASSERT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "stopped at cost.budget 12.00")) << r.err;
+  const std::vector<json> done = events(dir / "ckpt", "done");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]["reason"], "budget");
+  const int64_t stop = done[0]["global_step"].get<int64_t>();
+  ASSERT_GT(stop, 0);
+  ASSERT_LT(stop, 150);  // of 150
+  const json manifest = inspect(dir / "ckpt");
+  EXPECT_EQ(manifest["global_step"], stop);
+  EXPECT_EQ(manifest["extra"]["reason"], "budget");
+  double spent = 0;
+  for (const json& a : manifest["extra"]["cost"]["attempts"]) {
+    EXPECT_EQ(a.value("ranks", 0), 2) << a.dump();
+    spent += a["seconds"].get<double>() * a["ranks"].get<double>();
+  }
+  EXPECT_LE(spent, 12.0);
+  Result more = run_gpurun(with_budget({config, "--ckpt", dir / "ckpt", "--resume"}, "1000"));
+  ASSERT_EQ(more.exit_code, 0) << more.err;
+  EXPECT_TRUE(contains(more.err, "global step " + std::to_string(stop))) << more.err;
+  EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
+}
+
 TEST(Cost, AStopCommandRunsAfterTheFinishedRunsMessage) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(300, 30, 1));
