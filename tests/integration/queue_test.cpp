@@ -479,5 +479,43 @@ TEST(Queue, ARunWhoseConfigNowEndsBeforeItsCheckpointFailsWithExit3AndIsNotResta
   EXPECT_EQ(events(qdir + "/runs/seed-1", "resume").size(), 0u);
 }
 
+// A queued run that stops at its cost.budget (exit 4) saved and is neither failed nor restarted
+// now: another try would stop again at once. The queue exits 4, which a scheduler does not
+// requeue; with the budget raised in the config, the same command resumes it to the end.
+TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
+  TempDir dir;
+  const auto config_with = [&](const std::string& budget) {
+    return write_config(
+        dir, small_config(400, 20, 3) + "cost: {price_per_hour: 3600, budget: " + budget + "}\n");
+  };
+  const std::string queue = seeds_queue(dir, config_with("3"), "1, 2");
+  const std::string qdir = dir / "q";
+  // 100 ms a step: 60 steps are 6 s, and the budget is 3 s of a unit a second.
+  const Env slow{{"GPURUN_FAULT", "sleep100:after_step:*"}};
+  const Result r = run_gpurun({"queue", queue, "--dir", qdir, "--max-restarts", "3"}, slow);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  for (const char* name : {"seed-1", "seed-2"}) {
+    const nlohmann::json rec = run_record(qdir, name);
+    EXPECT_EQ(rec.value("state", ""), "interrupted") << rec.dump();
+    EXPECT_EQ(rec.value("exit_code", 0), 4) << rec.dump();
+    EXPECT_EQ(rec.value("attempts", 0), 1) << rec.dump();
+    EXPECT_EQ(rec.value("restarts", -1), 0) << rec.dump();
+    EXPECT_TRUE(contains(rec.value("error", ""), "cost.budget")) << rec.dump();
+    const std::vector<nlohmann::json> done = events(qdir + "/runs/" + name, "done");
+    ASSERT_EQ(done.size(), 1u) << name;
+    EXPECT_EQ(done[0].value("reason", ""), "budget") << name;
+  }
+  EXPECT_TRUE(contains(r.err, "raise cost.budget in its config")) << r.err;
+
+  config_with("1000");
+  const Result again = run_gpurun({"queue", queue, "--dir", qdir});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  for (const char* name : {"seed-1", "seed-2"}) {
+    EXPECT_EQ(run_record(qdir, name).value("state", ""), "finished") << name;
+    EXPECT_EQ(events(qdir + "/runs/" + name, "resume").size(), 1u) << name;
+    EXPECT_EQ(inspect(qdir + "/runs/" + name).value("global_step", 0), 60) << name;
+  }
+}
+
 }  // namespace
 }  // namespace gpurun::test

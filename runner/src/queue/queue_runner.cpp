@@ -93,15 +93,20 @@ class QueueRunner {
     write_summary(dir, rows);
     print_summary_table(rows, out_);
     out_ << "summary: " << dir << "/summary.csv, " << dir << "/summary.json\n";
-    bool failed = false, unfinished = false;
+    bool failed = false, unfinished = false, budget = false;
     for (const RunRecord& r : state_.runs) {
       failed = failed || r.state == RunState::kFailed;
-      unfinished = unfinished || r.state != RunState::kFinished;
+      const bool at_budget = r.state == RunState::kInterrupted && r.exit_code == kExitBudget;
+      budget = budget || at_budget;
+      unfinished = unfinished || (r.state != RunState::kFinished && !at_budget);
     }
     // A stop first: a scheduler that requeues on 75 (Slurm --requeue) must run the rest.
     if (state_.stopping) return kExitSignal;
     if (failed) return kExitFailure;
-    return unfinished ? kExitSignal : kExitOk;  // a run left interrupted: run again
+    if (unfinished) return kExitSignal;  // a run left interrupted: run again
+    // Only runs at their budget are left: 4, which no scheduler requeues, since running the
+    // queue again would stop them again at once.
+    return budget ? kExitBudget : kExitOk;
   }
 
  private:
@@ -371,6 +376,16 @@ class QueueRunner {
       r.state = RunState::kFinished;
       r.error.clear();
       spdlog::info("queue: {} finished in {}", r.name, format_duration(r.wall_seconds));
+    } else if (r.exit_code == kExitBudget && !hung) {
+      // It saved and stopped at its cost.budget: another try spends nothing more until the
+      // budget is raised, so it waits for the next invocation, as a run stopped alone does.
+      r.state = RunState::kInterrupted;
+      held_[index] = true;
+      r.error = "stopped at its cost.budget after saving (exit 4)";
+      spdlog::warn(
+          "queue: {} stopped at its cost.budget after saving (exit 4); it is not restarted: "
+          "raise cost.budget in its config and run the same command to resume it",
+          r.name);
     } else if (stopping && (r.exit_code == kExitSignal || r.signal != 0)) {
       r.state = RunState::kInterrupted;
       spdlog::warn("queue: {} stopped ({}); the same command resumes it", r.name, how);

@@ -17,7 +17,8 @@
 //   the run. A failed run never stops the others; the next invocation tries it again (from
 //   its checkpoint, if it has one), with its restarts counted afresh. Exit 75 without a
 //   stop signal to the queue (someone stopped that run alone) leaves the run interrupted for
-//   the next invocation, without a restart now.
+//   the next invocation, without a restart now; so does exit 4 (it saved at its cost.budget,
+//   which must be raised before another try can spend anything).
 // - A stop signal to the queue (SIGTERM, SIGINT, ...; util/signals.h) starts no new run and is
 //   forwarded to every running child (SIGINT as SIGTERM: a second SIGINT means "stop without
 //   saving"), which saves and exits 75; those runs are recorded interrupted and the queue exits
@@ -69,7 +70,9 @@ struct QueueOptions {
 /// Runs the queue until every run is finished or failed, or a stop signal ends it. Prints the
 /// summary table to `out` and writes DIR/summary.csv and .json (queue_summary.h). Returns 0
 /// when every run finished; 75 when stopped by a signal (the same command continues); else 1
-/// when one failed; else 75 when a run was left interrupted. Throws ConfigError
+/// when one failed; else 75 when a run was left interrupted; else 4 when the runs left stopped
+/// at their cost.budget (not 75, which a scheduler would requeue only to stop again). Throws
+/// ConfigError
 /// (exit 2) for parallel < 1, max_restarts < 0, hang_timeout < 0, DIR held by a live queue, a
 /// DIR/queue.json that does not parse, or a queue file that changes a started run; IoError when DIR
 /// cannot be written.
