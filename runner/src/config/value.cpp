@@ -237,12 +237,16 @@ std::string assign(const Key& key, const YAML::Node& n, RunConfig& c) {
     }
     **s = v;
   } else if (auto* l = std::get_if<std::vector<std::string>*>(&f)) {
-    const char* what = limit.non_empty ? "a non-empty list of strings like [\"block0.*\"]"
-                                       : "a list of strings like [\"block0.*\"]";
-    if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what);
+    // The example is one of the key's choices where it has them (notify.on), else a pattern.
+    const std::string example =
+        "[\"" + (limit.choices.empty() ? std::string("block0.*") : limit.choices.front()) + "\"]";
+    const std::string what =
+        (limit.non_empty ? "a non-empty list of strings like " : "a list of strings like ") +
+        example;
+    if (!n.IsSequence() || (limit.non_empty && n.size() == 0)) return type_error(what.c_str());
     std::vector<std::string> values;
     for (const YAML::Node& item : n) {
-      if (!item.IsScalar() || item.Scalar().empty()) return type_error(what);
+      if (!item.IsScalar() || item.Scalar().empty()) return type_error(what.c_str());
       if (invalid_utf8_at(item.Scalar()) != std::string::npos)
         return name + " must be UTF-8 text, got " + show(n);
       if (!limit.choices.empty() && std::find(limit.choices.begin(), limit.choices.end(),

@@ -233,8 +233,14 @@ bool Notifier::run_command(const json& message) {
     if (stopping || seconds_since(start) > kCommandSeconds) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
-      spdlog::warn("notify: notify.command for `{}` did not finish within {:.0f} s; killed", event,
-                   kCommandSeconds);
+      if (stopping)
+        spdlog::warn(
+            "notify: notify.command for `{}` was still running {:.0f} s after it started, when "
+            "the process ended (it waits up to {:.0f} s for its messages); killed",
+            event, seconds_since(start), kExitWaitSeconds);
+      else
+        spdlog::warn("notify: notify.command for `{}` did not finish within {:.0f} s; killed",
+                     event, kCommandSeconds);
       return false;
     }
   }

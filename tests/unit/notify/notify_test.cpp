@@ -253,6 +253,15 @@ TEST(CostConfig, NotifyOnNamesATypoAndTheUrlIsNeverShown) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean stalled?"), std::string::npos) << e.what();
   }
+  try {
+    parse_config("notify: {on: []}\n", "run.yaml");
+    FAIL() << "accepted an empty notify.on";
+  } catch (const ConfigError& e) {
+    // The example is one of its events, not another key's pattern.
+    EXPECT_NE(std::string(e.what()).find("a non-empty list of strings like [\"started\"]"),
+              std::string::npos)
+        << e.what();
+  }
   const RunConfig c =
       parse_config("notify: {url: 'https://hooks.slack.com/services/T/B/SECRET'}\n", "run.yaml");
   EXPECT_EQ(config_to_json(c)["notify"]["url"], kHiddenUrl);
