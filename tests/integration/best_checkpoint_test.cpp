@@ -171,6 +171,19 @@ Ending ending(const std::string& run_dir, const std::string& ckpt) {
   return e;
 }
 
+/// Resumes a killed run (`args`, with the run dir and --ckpt `ckpt`) from global step `step` and
+/// checks that it early-stops as the uninterrupted run did: the same last epoch and weights.
+void expect_resumed_like(const std::vector<std::string>& args, const Env& env,
+                         const std::string& ckpt, int step, const Ending& expected) {
+  Result r = run_gpurun(args, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "global step " + std::to_string(step))) << r.err;
+  const Ending resumed = ending(ckpt, ckpt);
+  EXPECT_EQ(resumed.last_epoch, expected.last_epoch);
+  EXPECT_EQ(resumed.done.value("reason", ""), "early_stop");
+  EXPECT_EQ(resumed.digest, expected.digest);
+}
+
 // Patience 3 over 5, 3, 4, 2, 6, 1, 7, 8, 9, 0.5: best 1 after epoch 6 (1-based), then three
 // epochs without an improvement: the run stops after epoch 9 of 10, killed and resumed or not,
 // with the same weights.
@@ -207,13 +220,7 @@ TEST(EarlyStop, StopsAtTheSameEpochWithAndWithoutAKillAndResume) {
       sets);
   Result first = run_gpurun(args, kill);
   ASSERT_EQ(first.signal, SIGKILL) << first.err;
-  Result second = run_gpurun(args, scripted);
-  ASSERT_EQ(second.exit_code, 0) << second.err;
-  EXPECT_TRUE(contains(second.err, "global step 32")) << second.err;
-  const Ending resumed = ending(killed / "ckpt", killed / "ckpt");
-  EXPECT_EQ(resumed.last_epoch, expected.last_epoch);
-  EXPECT_EQ(resumed.done.value("reason", ""), "early_stop");
-  EXPECT_EQ(resumed.digest, expected.digest);
+  expect_resumed_like(args, scripted, killed / "ckpt", 32, expected);
 
   // A resume of the stopped run trains nothing and stops again, for the same reason.
   Result again = run_gpurun(args, scripted);
@@ -225,10 +232,12 @@ TEST(EarlyStop, StopsAtTheSameEpochWithAndWithoutAKillAndResume) {
 
 // Two ranks: rank 0's counter decides and is broadcast, so both ranks stop after the same
 // epoch as one rank does, with no rank left waiting in a collective; killed and resumed, the
-// same epoch and the same weights.
+// same epoch and the same weights. Saves are synchronous, so that the kill after step 11
+// always finds step 10's checkpoint committed.
 TEST(EarlyStop, TwoRanksStopTogetherAtTheEpochOneRankStopsAt) {
   const std::vector<std::string> sets{"train.early_stop.metric=eval_loss",
-                                      "train.early_stop.patience=2", "checkpoint.every_steps=2"};
+                                      "train.early_stop.patience=2", "checkpoint.every_steps=2",
+                                      "checkpoint.async=false"};
   const Env scripted{{"GPURUN_TEST_EVAL_LOSS", "5,3,4,2,6,7,1,0.5"}};
   TempDir dir;
   const std::string config = write_config(dir, small_config(200, 40, 8));
@@ -251,13 +260,7 @@ TEST(EarlyStop, TwoRanksStopTogetherAtTheEpochOneRankStopsAt) {
   kill["GPURUN_FAULT"] = "sigkill:after_step:11";
   Result first = run_gpurun(two(dir / "killed"), kill);
   EXPECT_NE(first.exit_code, 0) << first.err;
-  Result second = run_gpurun(two(dir / "killed"), scripted);
-  ASSERT_EQ(second.exit_code, 0) << second.err;
-  EXPECT_TRUE(contains(second.err, "global step 10")) << second.err;
-  const Ending resumed = ending(dir / "killed", dir / "killed");
-  EXPECT_EQ(resumed.last_epoch, expected.last_epoch);
-  EXPECT_EQ(resumed.done.value("reason", ""), "early_stop");
-  EXPECT_EQ(resumed.digest, expected.digest);
+  expect_resumed_like(two(dir / "killed"), scripted, dir / "killed", 10, expected);
 }
 
 }  // namespace

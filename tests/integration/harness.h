@@ -100,6 +100,9 @@ size_t count_of(const std::string& text, const std::string& part);
 /// Sleeps `seconds`.
 void sleep_for(double seconds);
 
+/// The system clock in unix seconds, as metrics.jsonl's `time` fields.
+double unix_now();
+
 /// Waits until `ckpt_dir`/LATEST names a checkpoint other than `before` (a new checkpoint was
 /// committed), `pid` exits (0: no process to watch), or `timeout_seconds` pass; true only in the
 /// first case. Tests that interrupt a run "at a random moment" wait for this first and then add a

@@ -49,10 +49,6 @@ std::string seeds_queue(const TempDir& dir, const std::string& config, const std
   return write_config(dir, "config: " + config + "\nseeds: [" + seeds + "]\n" + more, "q.yaml");
 }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 /// The unix start time of each attempt, from the header line the queue writes into the run's
 /// stderr.log ("gpurun queue: starting NAME (attempt 1, ...) on cpu at SECONDS: COMMAND").
 std::vector<double> attempt_starts(const std::string& stderr_log) {

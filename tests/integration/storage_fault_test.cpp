@@ -195,8 +195,11 @@ TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestComplet
     std::vector<std::string> args = with_sets({config, "--ckpt", ckpt}, sets);
     if (kill_number > 0) args.push_back("--resume");
     const std::string log = dir / ("run" + std::to_string(kill_number));
-    const pid_t pid = start_gpurun(args, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    // The writer pauses after this process's third save, so that a test scheduled late kills a
+    // run that is still going rather than one that finished (whose resume would train nothing).
     const std::string before = slurp(ckpt + "/LATEST");
+    const pid_t pid = start_gpurun(
+        args, log, {{"GPURUN_FAULT", "sleep20:after_step:*,sleep300000:after_save:3"}});
     ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, before, 120)) << slurp(log + ".err");
     ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, slurp(ckpt + "/LATEST"), 120))
         << slurp(log + ".err");
