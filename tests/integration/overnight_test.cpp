@@ -130,6 +130,31 @@ TEST(Notify, AFinishedRunSendsStartedThenFinishedOnceThroughAFirst500) {
   EXPECT_TRUE(contains(again.err, "`finished` was sent before")) << again.err;
 }
 
+// A second launch on a directory that a live run holds exits 2 and sends no `failed`: it never
+// was the run, which goes on and finishes. Its supervisor names no step (the heartbeat beside
+// it is the live run's).
+TEST(Notify, ASecondLaunchOnAHeldDirectorySendsNoFailedForTheRunThatHoldsIt) {
+  TempDir dir;
+  WebhookSink sink(dir, {});
+  ASSERT_TRUE(sink.ok());
+  const std::string config = write_config(dir, small_config(1000, 10, 1));  // 100 steps
+  const std::vector<std::string> sets{"notify.url=" + sink.url()};
+  const std::string ckpt = dir / "ckpt";
+  const pid_t holder = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "holder",
+                                    {{"GPURUN_FAULT", "sleep50:after_step:*"}});
+  ASSERT_TRUE(wait_for_step(ckpt, 5, holder));
+  std::vector<std::string> second_sets = sets;
+  second_sets.push_back("checkpoint.lease_timeout=2");
+  Result second = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, second_sets));
+  EXPECT_EQ(second.exit_code, 2) << second.err;
+  EXPECT_TRUE(contains(second.err, "is in use by another run")) << second.err;
+  EXPECT_TRUE(contains(second.err, "no `failed` message")) << second.err;
+  EXPECT_FALSE(contains(second.err, "with code 2 at step")) << second.err;
+  const Result first = wait_gpurun(holder, dir / "holder");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(sink.delivered(), (Events{"started", "finished"})) << slurp(dir / "webhook.jsonl");
+}
+
 TEST(Notify, AWorkerKilledAndRestartedSendsNoFailed) {
   TempDir dir;
   WebhookSink sink(dir);
@@ -229,8 +254,8 @@ TEST(Notify, AnEarlyStopIsAFinishedMessageWithItsReason) {
       << finished.dump();
 }
 
-// Three attempts, each timed here from its start to its exit; the final status's ledger is
-// their sum at the price, within 2%.
+// Three attempts (a SIGTERM, a second Ctrl-C that saves nothing, the end), each timed here from
+// its start to its `done` event; the final status's ledger is their sum at the price, within 2%.
 TEST(Cost, TheLedgerOverThreeAttemptsIsTheirWallTimeTimesThePrice) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(4000, 10, 1));
@@ -248,12 +273,22 @@ TEST(Cost, TheLedgerOverThreeAttemptsIsTheirWallTimeTimesThePrice) {
     if (attempt > 0) args.push_back("--resume");
     const std::string log = dir / ("attempt" + std::to_string(attempt));
     const double started = unix_now();
-    const pid_t pid = start_gpurun(with_sets(args, sets), log, slow);
+    // The second attempt is stopped by a second Ctrl-C while its stop's save waits before its
+    // rename: it exits at once, leaving no checkpoint, and only its `done` event says how long
+    // it ran.
+    Env env = slow;
+    if (attempt == 1) env["GPURUN_FAULT"] += ",sleep60000:before_rename:*";
+    const pid_t pid = start_gpurun(with_sets(args, sets), log, env);
     ASSERT_TRUE(wait_for_step(dir / "ckpt", 60 * (attempt + 1), pid));
     sleep_for(4);
-    kill(pid, SIGTERM);
+    kill(pid, attempt == 1 ? SIGINT : SIGTERM);
+    if (attempt == 1) {
+      sleep_for(0.5);
+      kill(pid, SIGINT);
+    }
     const Result r = wait_gpurun(pid, log);
     ASSERT_EQ(r.exit_code, 75) << r.err;
+    if (attempt == 1) EXPECT_TRUE(contains(r.err, "second interrupt at global step")) << r.err;
     wall += attempt_seconds(started);
   }
   const double started = unix_now();
@@ -373,6 +408,20 @@ TEST(Cost, TwoRanksStopForTheBudgetAtOneStepAndResumeExactly) {
   ASSERT_EQ(more.exit_code, 0) << more.err;
   EXPECT_TRUE(contains(more.err, "global step " + std::to_string(stop))) << more.err;
   EXPECT_EQ(inspect(dir / "ckpt")["model_digest"], inspect(dir / "reference")["model_digest"]);
+}
+
+// A budget that the start-up alone spends stops before the first step and says that nothing
+// was trained or saved, rather than naming a checkpoint of step 0 that does not exist.
+TEST(Cost, ABudgetSpentBeforeTheFirstStepSavesNothingAndSaysSo) {
+  TempDir dir;
+  const std::string config = write_config(dir, small_config(300, 30, 1));
+  Result r = run_gpurun(with_sets({config, "--ckpt", dir / "ckpt"},
+                                  {"cost.price_per_hour=3600", "cost.budget=0.01"}));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "before the first step")) << r.err;
+  EXPECT_TRUE(contains(r.err, "nothing was trained or saved")) << r.err;
+  EXPECT_FALSE(contains(r.err, "checkpoint of global step 0")) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "ckpt/LATEST"));
 }
 
 TEST(Cost, AStopCommandRunsAfterTheFinishedRunsMessage) {

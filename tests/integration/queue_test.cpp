@@ -477,14 +477,19 @@ TEST(Queue, ARunWhoseConfigNowEndsBeforeItsCheckpointFailsWithExit3AndIsNotResta
 
 // A queued run that stops at its cost.budget (exit 4) saved and is neither failed nor restarted
 // now: another try would stop again at once. The queue exits 4, which a scheduler does not
-// requeue; with the budget raised in the config, the same command resumes it to the end.
+// requeue; with the budget raised in the config, the same command resumes it to the end. The
+// queue file's stop_command runs at each end; the runs' own cost.stop_command never does.
 TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
   TempDir dir;
+  // Each run's cost.stop_command is left to the queue, whose own runs when nothing is left.
+  const std::string runs_marker = dir / "run-stop", queue_marker = dir / "queue-stop";
   const auto config_with = [&](const std::string& budget) {
-    return write_config(
-        dir, small_config(400, 20, 3) + "cost: {price_per_hour: 3600, budget: " + budget + "}\n");
+    return write_config(dir, small_config(400, 20, 3) + "cost: {price_per_hour: 3600, budget: " +
+                                 budget + ", stop_command: 'echo run >> " + runs_marker + "'}\n");
   };
-  const std::string queue = seeds_queue(dir, config_with("3"), "1, 2");
+  const std::string queue =
+      seeds_queue(dir, config_with("3"), "1, 2",
+                  "stop_command: echo queue $GPURUN_EXIT_CODE >> " + queue_marker + "\n");
   const std::string qdir = dir / "q";
   // 100 ms a step: 60 steps are 6 s, and the budget is 3 s of a unit a second.
   const Env slow{{"GPURUN_FAULT", "sleep100:after_step:*"}};
@@ -502,6 +507,8 @@ TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
     EXPECT_EQ(done[0].value("reason", ""), "budget") << name;
   }
   EXPECT_TRUE(contains(r.err, "raise cost.budget in its config")) << r.err;
+  EXPECT_EQ(slurp(queue_marker), "queue 4\n");
+  EXPECT_TRUE(contains(slurp(qdir + "/runs/seed-1/stderr.log"), "cost.stop_command is not run"));
 
   config_with("1000");
   const Result again = run_gpurun({"queue", queue, "--dir", qdir});
@@ -511,6 +518,8 @@ TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
     EXPECT_EQ(events(qdir + "/runs/" + name, "resume").size(), 1u) << name;
     EXPECT_EQ(inspect(qdir + "/runs/" + name).value("global_step", 0), 60) << name;
   }
+  EXPECT_EQ(slurp(queue_marker), "queue 4\nqueue 0\n");
+  EXPECT_EQ(slurp(runs_marker), "");
 }
 
 }  // namespace

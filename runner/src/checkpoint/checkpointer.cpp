@@ -305,17 +305,22 @@ void Checkpointer::report_finished() {
     if (!o.result) {
       ++failed_saves_;
       last_error_ = o.error;
+      const bool final_save = o.meta.epoch >= config_.train.epochs && o.meta.position_in_epoch == 0;
+      const bool last_straw = failed_saves_ >= config_.checkpoint.max_failures;
+      // Whether training goes on after it, for the event's readers (a notice says so).
       reporter_.event("checkpoint_failed", {{"global_step", step},
                                             {"error", o.error},
                                             {"errno", o.error_number},
-                                            {"failures_in_a_row", failed_saves_}});
+                                            {"failures_in_a_row", failed_saves_},
+                                            {"max_failures", config_.checkpoint.max_failures},
+                                            {"final", final_save},
+                                            {"stops", final_save || last_straw}});
       reporter_.end_progress();
       // The last epoch's save: no training goes on after it; finish() says what is lost.
-      if (o.meta.epoch >= config_.train.epochs && o.meta.position_in_epoch == 0) {
+      if (final_save) {
         spdlog::error("checkpoint of global step {} failed: {}", step, o.error);
         continue;
       }
-      const bool last_straw = failed_saves_ >= config_.checkpoint.max_failures;
       spdlog::error(
           "checkpoint of global step {} failed: {}; the last complete checkpoint "
           "({}) is untouched; {} ({} of {} failures in a row)",

@@ -15,9 +15,11 @@
 #include "launch/notice_watcher.h"
 #include "launch/slurm.h"
 #include "launch/supervisor.h"
+#include "launch/worker_process.h"
 #include "notify/notifier.h"
 #include "report/reporter.h"
 #include "util/clock.h"
+#include "util/error_report.h"
 #include "util/fs.h"
 #include "util/signals.h"
 
@@ -106,6 +108,13 @@ std::string run_name(const RunOptions& run) {
 void after_the_run(const RunConfig& config, int code, Notifier* notifier) {
   if (notifier) notifier->flush(Notifier::kExitWaitSeconds);
   if (config.cost.stop_command.empty() || (code != kExitOk && code != kExitBudget)) return;
+  if (const char* queue = std::getenv(kQueueVariable)) {
+    spdlog::info(
+        "cost.stop_command is not run: this run is one of the queue in {}, which goes on; "
+        "give the queue file a stop_command to run when the queue ends",
+        queue);
+    return;
+  }
   spdlog::info("cost.stop_command (the run {}): {}",
                code == kExitOk ? "finished" : "stopped at its budget", config.cost.stop_command);
   ::setenv("GPURUN_EXIT_CODE", std::to_string(code).c_str(), 1);
@@ -188,7 +197,9 @@ int launch_or_train(const RunConfig& config, RunOptions run, const LaunchRequest
   } catch (const std::exception& e) {
     code = exit_code_for(e);
     // Under our supervisor the failure is its to report, once it knows no restart follows.
-    if (notifier && !supervised && code != kExitSignal && code != kExitBudget)
+    // A process that found the directory held by another run never was the run.
+    const bool lease_held = dynamic_cast<const LeaseHeld*>(&e) != nullptr;
+    if (notifier && !supervised && code != kExitSignal && code != kExitBudget && !lease_held)
       notifier->send("failed", read_status(run_dir), {{"error", e.what()}, {"exit_code", code}});
     if (notifier) notifier->flush(Notifier::kExitWaitSeconds);
     if (!supervised && (!run.dist || run.dist->local_rank == 0))

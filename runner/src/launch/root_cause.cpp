@@ -38,6 +38,7 @@ std::string describe(const WorkerExit& e) {
                ? fmt::format("killed by signal {} ({})", e.signal, signal_name(e.signal))
                : fmt::format("killed by signal {}", e.signal);
   }
+  if (e.exit_code == kExitBudget) return "exited with code 4 (stopped at cost.budget)";
   return fmt::format("exited with code {}", e.exit_code);
 }
 

@@ -26,6 +26,8 @@ struct WorkerExit {
   double failed_at = 0;
   /// Its error report says a collective failed: a reaction to a peer's failure.
   bool peer_failure = false;
+  /// Its error report says another live run holds the checkpoint directory (LeaseHeld).
+  bool lease_held = false;
   /// The supervisor signalled it (after another worker failed, or to forward a stop).
   bool stopped = false;
 };

@@ -102,6 +102,12 @@ class Supervisor {
 
   int run() {
     const int code = supervise_runs();
+    if (last_ && last_->lease_held) {
+      // Another run holds the directory and goes on: this launch never was the run.
+      if (options_.notify)
+        spdlog::info("notify: no `failed` message: another run holds the checkpoint directory");
+      return code;
+    }
     if (code != kExitOk && code != kExitSignal && code != kExitBudget && options_.notify) {
       nlohmann::json details = {{"restarts", restarts_}, {"exit_code", code}};
       if (last_) {
@@ -239,10 +245,13 @@ class Supervisor {
         if (const std::optional<ErrorReport> report = read_error_report(w.error_file)) {
           e.failed_at = report->time;
           e.peer_failure = report->peer_failure;
+          e.lease_held = report->lease_held;
         }
       // Only a heartbeat this worker wrote: one left by an earlier run (a rank that now fails
-      // before its first step, at a config check) names a step this run never reached.
-      if (!w.spec.heartbeat_file.empty() && heartbeat_key(w.spec.heartbeat_file) != w.beat)
+      // before its first step, at a config check) names a step this run never reached, and
+      // one beside a run that holds the directory is that run's.
+      if (!e.lease_held && !w.spec.heartbeat_file.empty() &&
+          heartbeat_key(w.spec.heartbeat_file) != w.beat)
         e.step = read_heartbeat_step(w.spec.heartbeat_file);
       ended.push_back(static_cast<int>(i));
     }
@@ -356,6 +365,8 @@ class Supervisor {
       to = WorkerState::kHung;
     else if (r.exit.exit_code == kExitOk)
       to = WorkerState::kSucceeded;
+    else if (r.exit.exit_code == kExitBudget || r.exit.exit_code == kExitSignal)
+      to = WorkerState::kStopped;  // it saved and stopped: at its budget, or for a notice
     const bool several = group_.workers.size() > 1;
     set_state(to, several ? -1 : first,
               fmt::format(" after {} s ({}{})", format_seconds(r.exit.seconds),

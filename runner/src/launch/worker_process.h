@@ -73,6 +73,10 @@ Child spawn_to_files(std::vector<std::string> argv, std::vector<std::string> env
 /// command (scontrol) a question; never throws.
 std::optional<std::string> command_output(std::vector<std::string> argv, double timeout_seconds);
 
+/// Set by `gpurun queue` in its runs' environment (to its DIR): such a run leaves
+/// cost.stop_command to the queue, which has other runs to train after it.
+inline constexpr const char* kQueueVariable = "GPURUN_QUEUE";
+
 /// Our environment with `extra`, then `worker`'s variables over it, and
 /// GPURUN_RESTART_COUNT=`restart`, as KEY=VALUE strings.
 std::vector<std::string> child_environment(const std::map<std::string, std::string>& extra,

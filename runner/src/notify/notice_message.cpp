@@ -138,7 +138,17 @@ std::string notice_text(const json& m) {
   } else if (event == "checkpoint_failed") {
     what = "a checkpoint failed" + (at.empty() ? "" : " at " + at);
     if (m.contains("error")) what += ": " + m["error"].get<std::string>();
-    what += "; training goes on";
+    const int64_t failures = m.value("failures_in_a_row", int64_t{1});
+    const int64_t allowed = m.value("max_failures", int64_t{0});
+    if (m.value("final", false))
+      what += "; it was the final checkpoint, and the run fails";
+    else if (m.value("stops", false))
+      what +=
+          fmt::format("; {} failures in a row is checkpoint.max_failures: the run stops", failures);
+    else if (allowed > 0)
+      what += fmt::format("; training goes on ({} of {} failures in a row)", failures, allowed);
+    else
+      what += "; training goes on";
   } else if (event == "budget") {
     what = "stopped at its budget" + (at.empty() ? "" : " at " + at) +
            "; saved; raise cost.budget to resume";

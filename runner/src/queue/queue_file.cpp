@@ -17,7 +17,7 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-const std::vector<std::string> kTopKeys = {"config", "set", "seeds", "runs"};
+const std::vector<std::string> kTopKeys = {"config", "set", "seeds", "runs", "stop_command"};
 const std::vector<std::string> kRunKeys = {"config", "set", "name", "seed"};
 
 /// Parsing state: the file's name for messages and where relative configs are.
@@ -161,8 +161,10 @@ QueueFile parse_queue_text(const std::string& text, const std::string& source,
   if (!root.IsMap())
     throw ConfigError(source + " must be a mapping with config:, set:, seeds: and/or runs:");
   std::vector<Pending> runs;
+  std::string stop_command;
   try {
     check_keys(c, root, kTopKeys, source);
+    if (root["stop_command"]) stop_command = scalar(c, root["stop_command"], "stop_command");
     std::string top_config;
     std::vector<std::string> top_sets;
     if (root["config"]) top_config = config_path(c, root["config"], "config");
@@ -237,6 +239,7 @@ QueueFile parse_queue_text(const std::string& text, const std::string& source,
   std::map<std::string, const Pending*> by_name;
   QueueFile out;
   out.path = source;
+  out.stop_command = stop_command;
   for (Pending& p : runs) {
     if (!p.named && derived_count[p.run.name] > 1)
       p.run.name += "-" + std::to_string(++derived_seen[p.run.name]);

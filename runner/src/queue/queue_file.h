@@ -5,6 +5,10 @@
 //   seeds: [1, 2, 3]            # one run of `config` per seed (train.seed=S), named seed-S
 //   runs:                       # and/or runs of their own
 //     - {config: other.yaml, set: [optim.lr=0.1], name: lr-0.1, seed: 4}
+//   stop_command: sudo poweroff # run once the queue has nothing left to train (/bin/sh)
+//
+// The runs of a queue do not run their own cost.stop_command (the queue goes on after each);
+// the queue's stop_command runs when it ends with every run finished or stopped at its budget.
 //
 // `config:` (with its `set:`) and neither `seeds:` nor `runs:` is a queue of one run, named
 // after the config's file name. A negative seed is named with an m: seed -1 is `seed-m1` (and
@@ -34,6 +38,7 @@ struct QueueRun {
 struct QueueFile {
   std::string path;            ///< absolute and lexically normal from load_queue_file()
   std::vector<QueueRun> runs;  ///< in file order: the seeds' runs first, then `runs`
+  std::string stop_command;    ///< "" when not given
 };
 
 /// Parses YAML `text`. `base_dir` resolves relative config paths; `source` names the file in

@@ -106,7 +106,9 @@ class QueueRunner {
     if (unfinished) return kExitSignal;  // a run left interrupted: run again
     // Only runs at their budget are left: 4, which no scheduler requeues, since running the
     // queue again would stop them again at once.
-    return budget ? kExitBudget : kExitOk;
+    const int code = budget ? kExitBudget : kExitOk;
+    run_stop_command(code);
+    return code;
   }
 
  private:
@@ -275,6 +277,7 @@ class QueueRunner {
         run_argv(options_.binary, options_.dir, r.name, r.config, sets);
     std::map<std::string, std::string> extra;
     if (!slot.device.empty()) extra["CUDA_VISIBLE_DEVICES"] = slot.device;
+    extra[kQueueVariable] = options_.dir;  // its cost.stop_command is the queue's to run
     std::string command;
     for (const std::string& a : argv) command += (command.empty() ? "" : " ") + a;
     const bool resumed = r.state == RunState::kInterrupted;
@@ -416,6 +419,18 @@ class QueueRunner {
       fail(r, how + (options_.max_restarts > 0 ? ", restarts used up" : ""));
     }
     save();
+  }
+
+  /// The queue file's stop_command, once nothing is left to train (`code` 0 or 4): the runs'
+  /// final checkpoints are in their directories by then, each run having waited for its own.
+  void run_stop_command(int code) const {
+    if (queue_.stop_command.empty()) return;
+    spdlog::info("queue: stop_command ({}): {}",
+                 code == kExitOk ? "every run finished" : "the runs left stopped at their budget",
+                 queue_.stop_command);
+    ::setenv("GPURUN_EXIT_CODE", std::to_string(code).c_str(), 1);
+    const int status = std::system(queue_.stop_command.c_str());
+    if (status != 0) spdlog::warn("queue: stop_command exited with status {}", status);
   }
 
   void fail(RunRecord& r, const std::string& how) {

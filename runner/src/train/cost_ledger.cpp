@@ -81,18 +81,36 @@ void CostLedger::restore(const json& saved) {
   }
 }
 
-void CostLedger::extend_last(const json& attempt) {
+void CostLedger::add_ended(const json& attempt) {
   if (earlier_.empty() || !attempt.is_object() || !attempt.contains("start") ||
       !attempt["start"].is_number() || !attempt.contains("seconds") ||
       !attempt["seconds"].is_number())
     return;
-  Attempt& last = earlier_.back();
-  if (std::abs(attempt["start"].get<double>() - last.start) > 1e-3) return;
-  last.seconds = std::max(last.seconds, attempt["seconds"].get<double>());
+  const double start = attempt["start"].get<double>();
+  const double seconds = std::max(0.0, attempt["seconds"].get<double>());
+  // Starts are the same process's when within a millisecond (they are written as read).
+  for (Attempt& known : earlier_) {
+    if (std::abs(start - known.start) > 1e-3) continue;
+    known.seconds = std::max(known.seconds, seconds);
+    return;
+  }
+  if (start <= earlier_.back().start || start >= current_.start - 1e-3) return;
+  Attempt ended;
+  ended.start = start;
+  ended.seconds = seconds;
+  ended.ranks = std::max<int64_t>(1, attempt.value("ranks", current_.ranks));
+  ended.price_per_hour = attempt.contains("price_per_hour") && attempt["price_per_hour"].is_number()
+                             ? std::optional<double>(attempt["price_per_hour"].get<double>())
+                             : current_.price_per_hour;
+  earlier_.push_back(ended);
 }
 
 json CostLedger::this_attempt() const {
-  return {{"start", current_.start}, {"seconds", std::max(0.0, unix_seconds() - current_.start)}};
+  json out = {{"start", current_.start},
+              {"seconds", std::max(0.0, unix_seconds() - current_.start)},
+              {"ranks", current_.ranks}};
+  if (current_.price_per_hour) out["price_per_hour"] = *current_.price_per_hour;
+  return out;
 }
 
 json CostLedger::to_json() const {

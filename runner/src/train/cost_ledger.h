@@ -44,13 +44,17 @@ class CostLedger {
   /// checkpoint without them (an older gpurun) leaves none. Malformed entries are skipped.
   void restore(const nlohmann::json& saved);
 
-  /// An earlier attempt's own last word ({start, seconds}, this_attempt() of its `done`
-  /// event): when it is the last restored attempt (same start) and longer, its seconds replace
-  /// that attempt's, which its checkpoint recorded before the stop's drain and copy. Anything
-  /// else is ignored.
-  void extend_last(const nlohmann::json& attempt);
+  /// An ended attempt's own last word (this_attempt() of its `done` event), given in the order
+  /// of the events: an attempt restored from the checkpoint (same start) takes its seconds when
+  /// longer (the checkpoint recorded it before the stop's drain and copy); an attempt that
+  /// started after the last one known and before this one, and saved no checkpoint that was
+  /// loaded (a second Ctrl-C, a resume refused for its budget), is added with its own ranks and
+  /// price (this attempt's when it gives none). Ignored without a restored attempt, or when
+  /// malformed.
+  void add_ended(const nlohmann::json& attempt);
 
-  /// {start, seconds} of this attempt up to now, for the `done` event.
+  /// {start, seconds, ranks, price_per_hour (when known)} of this attempt up to now, for the
+  /// `done` event.
   nlohmann::json this_attempt() const;
 
   /// For the checkpoint: {"attempts": [...earlier, this one up to now]}.

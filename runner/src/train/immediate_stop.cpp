@@ -13,7 +13,7 @@ namespace gpurun {
 
 void record_immediate_stop(int sig, int64_t step, int64_t epoch, int rank,
                            Checkpointer& checkpointer, Reporter& reporter,
-                           const std::string& ckpt_dir) {
+                           const std::string& ckpt_dir, const nlohmann::json& attempt) {
   std::string newest;
   int64_t newest_step = -1;
   // Held until the process exits: a write in flight cannot complete after the directory is
@@ -52,7 +52,9 @@ void record_immediate_stop(int sig, int64_t step, int64_t epoch, int rank,
   nlohmann::json status = {
       {"state", "stopped"}, {"epoch", epoch}, {"global_step", step}, {"error", message}};
   if (!newest.empty()) status["last_checkpoint"] = newest;
-  reporter.end_run({{"exit_code", kExitSignal}, {"error", message}, {"global_step", step}}, status);
+  reporter.end_run(
+      {{"exit_code", kExitSignal}, {"error", message}, {"global_step", step}, {"attempt", attempt}},
+      status);
 }
 
 }  // namespace gpurun

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace gpurun {
 
 class Checkpointer;
@@ -13,10 +15,11 @@ class Reporter;
 /// Records the stop by signal `sig` at global step `step` of epoch `epoch` (the `signal` event
 /// with `immediate`, the `done` event, status.json "stopped"), naming on rank 0 the newest
 /// complete checkpoint of `checkpointer`'s tiers, whose commits it holds until the process
-/// exits, so that what it says is saved stays true; the process then exits 75. Reads only what
+/// exits, so that what it says is saved stays true; the process then exits 75. `attempt` is
+/// the cost ledger's this_attempt() for the `done` event (train/cost_ledger.h). Reads only what
 /// is safe from another thread: its arguments and the files.
 void record_immediate_stop(int sig, int64_t step, int64_t epoch, int rank,
                            Checkpointer& checkpointer, Reporter& reporter,
-                           const std::string& ckpt_dir);
+                           const std::string& ckpt_dir, const nlohmann::json& attempt);
 
 }  // namespace gpurun

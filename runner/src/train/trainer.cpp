@@ -130,7 +130,7 @@ void Trainer::run() {
     reached_epoch_ = epoch_;
     set_immediate_stop_action([this](int sig) {
       record_immediate_stop(sig, reached_step_.load(), reached_epoch_.load(), rank_, checkpointer_,
-                            reporter_, options_.ckpt_dir);
+                            reporter_, options_.ckpt_dir, ledger_.this_attempt());
     });
     // Training starts here: the rates and the ETA count from this moment (the plan event's).
     metrics_.start(global_step_, total_steps_);

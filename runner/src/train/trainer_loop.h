@@ -180,7 +180,7 @@ class Trainer {
   void watch_events();
   /// Refuses (BudgetReached) a resume whose checkpoint's ledger leaves no room in cost.budget
   /// for a step and a save, before any device time is spent on planning.
-  void check_budget_at_start(const LoadedCheckpoint& loaded) const;
+  void check_budget_at_start(const LoadedCheckpoint& loaded);
   /// Seconds one more step and a save take: the last step's (else the plan's), the last
   /// evaluation's when that step ends the epoch, and the last measured save's (else
   /// kAssumedSaveSeconds).

@@ -31,8 +31,15 @@ CostLedger Trainer::make_ledger() const {
 void Trainer::restore_ledger(const CheckpointMeta& meta) {
   ledger_.restore(meta.extra.value("cost", json()));
   if (rank_ != 0) return;  // rank 0 keeps the ledger that is saved and checked
-  if (const auto done = last_event_in_tail(run_dir_or_default(options_) + "/metrics.jsonl", "done"))
-    ledger_.extend_last(done->value("attempt", json()));
+  // The attempts' own last words: the time after their last checkpoint, and the attempts that
+  // left none that was loaded. The newest 4 MiB of events hold every attempt since it.
+  const std::string path = run_dir_or_default(options_) + "/metrics.jsonl";
+  for (const std::string& line : complete_lines_in_tail(path, 4 << 20)) {
+    if (line.find("\"done\"") == std::string::npos) continue;
+    const json done = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (done.is_object() && done.value("event", "") == "done" && done.contains("attempt"))
+      ledger_.add_ended(done["attempt"]);
+  }
 }
 
 void Trainer::watch_events() {
@@ -57,7 +64,11 @@ void Trainer::watch_events() {
     } else if (name == "checkpoint_failed") {
       notifier->send("checkpoint_failed", status,
                      {{"step", line.value("global_step", int64_t{0})},
-                      {"error", line.value("error", std::string())}},
+                      {"error", line.value("error", std::string())},
+                      {"failures_in_a_row", line.value("failures_in_a_row", 1)},
+                      {"max_failures", line.value("max_failures", 0)},
+                      {"final", line.value("final", false)},
+                      {"stops", line.value("stops", false)}},
                      fmt::format("checkpoint_failed:{}:{}", run_id_, line.value("global_step", 0)));
     } else if (name == "signal") {
       // A notice's event comes after its save; a signal's before: either is the first word.
@@ -88,7 +99,7 @@ void Trainer::watch_events() {
   });
 }
 
-void Trainer::check_budget_at_start(const LoadedCheckpoint& loaded) const {
+void Trainer::check_budget_at_start(const LoadedCheckpoint& loaded) {
   if (config_.cost.budget <= 0 || !ledger_.spent()) return;
   double step = 0;
   if (loaded.info.manifest.contains("plan")) {
@@ -96,11 +107,20 @@ void Trainer::check_budget_at_start(const LoadedCheckpoint& loaded) const {
     step = saved.step_seconds * static_cast<double>(saved.accumulation_steps);
   }
   if (!ledger_.would_pass_budget(step + kAssumedSaveSeconds)) return;
-  throw BudgetReached(fmt::format(
+  const std::string message = fmt::format(
       "cost.budget {:.2f} leaves no room for another step and a save: {:.2f} is spent over {} "
       "attempt(s) ({:.1f} h); to go on, raise it: --resume --set cost.budget=...",
       config_.cost.budget, *ledger_.spent(), ledger_.summary()["attempts"].get<int64_t>(),
-      ledger_.seconds() / 3600));
+      ledger_.seconds() / 3600);
+  // Its own `done`, so that the next resume's ledger counts this attempt's time too; the
+  // run's status stays the stop's.
+  if (rank_ == 0)
+    reporter_.event("done", {{"exit_code", kExitBudget},
+                             {"reason", "budget"},
+                             {"error", message},
+                             {"global_step", loaded.meta.global_step},
+                             {"attempt", ledger_.this_attempt()}});
+  throw BudgetReached(message);
 }
 
 double Trainer::seconds_to_next_save() const {
@@ -128,6 +148,15 @@ void Trainer::stop_if_over_budget(std::optional<bool> agreed) {
 void Trainer::stop_at_budget() {
   reporter_.end_progress();
   const double spent = ledger_.spent().value_or(0);
+  if (global_step_ == 0) {
+    // Not one step trained, in this attempt or before it: there is nothing to save.
+    throw BudgetReached(fmt::format(
+        "stopped at cost.budget {:.2f} before the first step: {:.2f} is spent, and the first step "
+        "and a save (about {:.1f} s at {:.2f} an hour) would pass it; nothing was trained or "
+        "saved; raise cost.budget",
+        config_.cost.budget, spent, seconds_to_next_save(),
+        ledger_.rate_per_second().value_or(0) * 3600));
+  }
   if (rank_ == 0)
     spdlog::warn(
         "cost: {:.2f} spent of cost.budget {:.2f}, and the next step and a save (about {:.1f} s "

@@ -22,7 +22,8 @@ void leave_error_report(const std::exception& e, int exit_code,
         {"time", unix_seconds()},
         {"exit_code", exit_code},
         {"message", message},
-        {"peer_failure", dynamic_cast<const PeerFailure*>(&e) != nullptr}};
+        {"peer_failure", dynamic_cast<const PeerFailure*>(&e) != nullptr},
+        {"lease_held", dynamic_cast<const LeaseHeld*>(&e) != nullptr}};
     const std::string text =
         report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -50,6 +51,7 @@ std::optional<ErrorReport> read_error_report(const std::string& path) {
     r.exit_code = j.value("exit_code", 1);
     r.message = j.value("message", "");
     r.peer_failure = j.value("peer_failure", false);
+    r.lease_held = j.value("lease_held", false);
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of another type: not a report of ours

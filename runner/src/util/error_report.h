@@ -22,6 +22,15 @@ class PeerFailure : public Error {
   using Error::Error;
 };
 
+/// The run's checkpoint directory is held by another live run (checkpoint/storage/lease.h):
+/// this process never took the run over. Exit 2, as a ConfigError; its failure says nothing of
+/// the run that holds the directory, so no `failed` message is sent for it, and the run
+/// directory's heartbeat and status, which are that run's, are not this process's.
+class LeaseHeld : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 /// The environment variable that names a worker's error file.
 inline constexpr const char* kErrorFileVariable = "GPURUN_ERROR_FILE";
 
@@ -31,6 +40,7 @@ struct ErrorReport {
   int exit_code = 1;
   std::string message;        ///< the error's message, as logged
   bool peer_failure = false;  ///< a PeerFailure: a reaction to another rank
+  bool lease_held = false;    ///< a LeaseHeld: another run holds the checkpoint directory
 };
 
 /// Writes `e` (exiting with `exit_code`, logged as `message`) to the file GPURUN_ERROR_FILE

@@ -95,6 +95,23 @@ TEST(NoticeMessage, EachEventReadsAsWhatHappened) {
           {{"reason", "early_stop"},
            {"early_stop", {{"metric", "eval_loss"}, {"epochs_without_improvement", 3}}}})["text"],
       "gpurun r on h: finished early: eval_loss did not improve for 3 epochs at step 5");
+  // A failed checkpoint says whether training goes on after it.
+  const json full = {{"error", "No space left on device"}, {"max_failures", 3}};
+  auto failed_save = [&](int failures, bool stops, bool final_save) {
+    json details = full;
+    details.update({{"failures_in_a_row", failures}, {"stops", stops}, {"final", final_save}});
+    return notice_message("checkpoint_failed", "r", "h", status, details)["text"];
+  };
+  EXPECT_EQ(failed_save(1, false, false),
+            "gpurun r on h: a checkpoint failed at step 5: No space left on device; training goes "
+            "on (1 of 3 failures in a row)");
+  EXPECT_EQ(
+      failed_save(3, true, false),
+      "gpurun r on h: a checkpoint failed at step 5: No space left on device; 3 failures in a "
+      "row is checkpoint.max_failures: the run stops");
+  EXPECT_EQ(failed_save(1, true, true),
+            "gpurun r on h: a checkpoint failed at step 5: No space left on device; it was the "
+            "final checkpoint, and the run fails");
 }
 
 TEST(NoticeMessage, CostInWords) {
@@ -194,17 +211,35 @@ TEST(CostLedger, AddsTheEarlierAttemptsToThisOneAtEachAttemptsPrice) {
   EXPECT_TRUE(ledger.summary()["budget"].is_null());
 }
 
-TEST(CostLedger, TheLastAttemptRunsToItsDoneEventWhenItIsTheSameAttempt) {
+TEST(CostLedger, EndedAttemptsRunToTheirDoneEventsAndThoseWithoutACheckpointAreAdded) {
   CostLedger ledger(1, 1.0, "cost.price_per_hour", 0);
+  ledger.add_ended({{"start", 150.0}, {"seconds", 3.0}});  // nothing restored yet: ignored
   ledger.restore({{"attempts",
                    {{{"start", 100.0}, {"seconds", 10.0}}, {{"start", 200.0}, {"seconds", 5.0}}}}});
-  ledger.extend_last({{"start", 100.0}, {"seconds", 99.0}});  // another attempt's: ignored
-  ledger.extend_last({{"start", 200.0}, {"seconds", 4.0}});   // shorter: ignored
-  ledger.extend_last("garbage");
+  ledger.add_ended({{"start", 200.0}, {"seconds", 4.0}});  // shorter: ignored
+  ledger.add_ended("garbage");
+  ledger.add_ended({{"start", 50.0}, {"seconds", 9.0}});  // before the first known: ignored
+  EXPECT_EQ(ledger.to_json()["attempts"].size(), 3u);     // the two, and this one
   EXPECT_EQ(ledger.to_json()["attempts"][1]["seconds"], 5.0);
-  ledger.extend_last({{"start", 200.0}, {"seconds", 5.5}});
+  // Each known attempt runs to its own done event, the checkpoint's record being older.
+  ledger.add_ended({{"start", 200.0}, {"seconds", 5.5}});
+  ledger.add_ended({{"start", 100.0}, {"seconds", 12.0}});
   EXPECT_EQ(ledger.to_json()["attempts"][1]["seconds"], 5.5);
-  EXPECT_EQ(ledger.to_json()["attempts"][0]["seconds"], 10.0);
+  EXPECT_EQ(ledger.to_json()["attempts"][0]["seconds"], 12.0);
+  // An attempt after the checkpoint's that saved nothing loaded (a second Ctrl-C) is added,
+  // with its own ranks and price; one of this process's start or later is not.
+  ledger.add_ended({{"start", 300.0}, {"seconds", 20.0}, {"ranks", 2}, {"price_per_hour", 3.0}});
+  ledger.add_ended({{"start", 300.0}, {"seconds", 21.0}, {"ranks", 2}});  // itself: extended
+  ledger.add_ended(ledger.this_attempt());
+  const json attempts = ledger.to_json()["attempts"];
+  ASSERT_EQ(attempts.size(), 4u);
+  EXPECT_EQ(attempts[2]["start"], 300.0);
+  EXPECT_EQ(attempts[2]["seconds"], 21.0);
+  EXPECT_EQ(attempts[2]["ranks"], 2);
+  EXPECT_EQ(attempts[2]["price_per_hour"], 3.0);
+  const json mine = ledger.this_attempt();
+  EXPECT_EQ(mine["ranks"], 1);
+  EXPECT_EQ(mine["price_per_hour"], 1.0);
 }
 
 TEST(CostLedger, TheBudgetLooksAheadAndNeedsAPrice) {

@@ -88,6 +88,16 @@ TEST_F(QueueFileTest, AConfigAloneIsAQueueOfOneRun) {
   EXPECT_EQ(q.runs[0].name, "run");
 }
 
+TEST_F(QueueFileTest, StopCommandIsAStringAndATypoOfItIsNamed) {
+  EXPECT_EQ(parse("config: run.yaml\nseeds: [1]\nstop_command: sudo poweroff\n").stop_command,
+            "sudo poweroff");
+  EXPECT_EQ(parse("config: run.yaml\nseeds: [1]\n").stop_command, "");
+  const std::string typo = error_of("config: run.yaml\nseeds: [1]\nstop_comand: poweroff\n");
+  EXPECT_NE(typo.find("did you mean stop_command?"), std::string::npos) << typo;
+  const std::string list = error_of("config: run.yaml\nseeds: [1]\nstop_command: [a]\n");
+  EXPECT_NE(list.find("stop_command must be a non-empty string"), std::string::npos) << list;
+}
+
 TEST_F(QueueFileTest, UnknownKeysAreNamedWithTheKeyTheyMeant) {
   const std::string top = error_of("config: run.yaml\nseed: [1, 2]\n");
   EXPECT_NE(top.find("unknown key seed"), std::string::npos) << top;

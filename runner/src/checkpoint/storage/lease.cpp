@@ -17,6 +17,7 @@
 #include "gpurun/errors.h"
 #include "util/clock.h"
 #include "util/detached_call.h"
+#include "util/error_report.h"
 #include "util/fs.h"
 #include "util/signals.h"
 
@@ -173,7 +174,7 @@ std::unique_ptr<Lease> Lease::acquire(std::shared_ptr<CheckpointStorage> storage
     // A stop signal ends the wait: nothing of this run is there to save (exit 75).
     if (const int sig = stop_signal()) throw Stopped(sig);
     if (steady_now >= deadline) {
-      throw ConfigError(fmt::format(
+      throw LeaseHeld(fmt::format(
           "checkpoint directory {} is in use by another run ({}), still alive after waiting "
           "{:g} s{}; stop that run, use another --ckpt directory, or pass --force to take it "
           "over",
