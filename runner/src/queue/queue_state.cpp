@@ -182,6 +182,8 @@ RunMetrics read_run_metrics(const std::string& run_dir) {
 }
 
 std::string checkpoint_dir_of(const std::string& run_dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(run_dir + "/LATEST", ec)) return run_dir;
   try {
     const nlohmann::json s =
         nlohmann::json::parse(fs::read_file(run_dir + "/status.json"), nullptr, false);

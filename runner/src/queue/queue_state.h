@@ -103,9 +103,11 @@ struct RunMetrics {
 /// (a line cut by a SIGKILL). Throws nothing.
 RunMetrics read_run_metrics(const std::string& run_dir);
 
-/// The checkpoint directory of the run whose run directory is RUN_DIR: the folder of
-/// status.json's last_network_checkpoint or last_checkpoint, else RUN_DIR itself (the default
-/// --ckpt). Throws nothing.
+/// The checkpoint directory of the run whose run directory is RUN_DIR: RUN_DIR itself when it
+/// holds a LATEST (the default --ckpt; also a run directory copied or moved elsewhere, whose
+/// status.json still names the old place), else the folder of status.json's
+/// last_network_checkpoint or last_checkpoint (--run-dir apart from --ckpt), else RUN_DIR.
+/// Throws nothing.
 std::string checkpoint_dir_of(const std::string& run_dir);
 
 /// What a run's checkpoints say of the state it saved last.

@@ -239,6 +239,20 @@ TEST(QueueState, AFinishedRunIsKnownByItsOwnDoneEvent) {
   EXPECT_EQ((*m.last_epoch)["epoch"], 1);
 }
 
+// A run directory copied elsewhere keeps a status.json naming the old place: its own LATEST
+// says its checkpoints are its own. Without one, the status names the --ckpt of a --run-dir.
+TEST(QueueState, TheCheckpointDirectoryIsTheRunDirectoryWhenItHoldsALatest) {
+  TempDir dir;
+  const std::string run = dir / "copy";
+  gpurun::fs::make_dirs(run);
+  gpurun::fs::write_file(run + "/status.json",
+                         R"({"last_checkpoint": "/elsewhere/exp1/ckpt-e0001-s0000010"})");
+  EXPECT_EQ(checkpoint_dir_of(run), "/elsewhere/exp1");
+  gpurun::fs::write_file(run + "/LATEST", "ckpt-e0001-s0000010\n");
+  EXPECT_EQ(checkpoint_dir_of(run), run);
+  EXPECT_EQ(checkpoint_dir_of(dir / "none"), dir / "none");
+}
+
 TEST(QueueSummary, RowsTakeTheLastEpochAndUnknownValuesStayEmpty) {
   TempDir dir("queue-summary");
   QueueState s;
