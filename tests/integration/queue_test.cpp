@@ -477,7 +477,7 @@ TEST(Queue, ARunWhoseConfigNowEndsBeforeItsCheckpointFailsWithExit3AndIsNotResta
 
 // A queued run that stops at its cost.budget (exit 4) saved and is neither failed nor restarted
 // now: another try would stop again at once. The queue exits 4, which a scheduler does not
-// requeue; with the budget raised in the config, the same command resumes it to the end. The
+// requeue; with the budget raised in the queue file, the same command resumes it to the end. The
 // queue file's stop_command runs at each end; the runs' own cost.stop_command never does.
 TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
   TempDir dir;
@@ -510,7 +510,14 @@ TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
   EXPECT_EQ(slurp(queue_marker), "queue 4\n");
   EXPECT_TRUE(contains(slurp(qdir + "/runs/seed-1/stderr.log"), "cost.stop_command is not run"));
 
-  config_with("1000");
+  // A training key changed in the queue file is refused; the budget raised there is taken.
+  const std::string stop_line =
+      "stop_command: echo queue $GPURUN_EXIT_CODE >> " + queue_marker + "\n";
+  seeds_queue(dir, config_with("3"), "1, 2", "set: [optim.lr=0.5]\n" + stop_line);
+  const Result refused = run_gpurun({"queue", queue, "--dir", qdir});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "keeps its definition")) << refused.err;
+  seeds_queue(dir, config_with("3"), "1, 2", "set: [cost.budget=1000]\n" + stop_line);
   const Result again = run_gpurun({"queue", queue, "--dir", qdir});
   EXPECT_EQ(again.exit_code, 0) << again.err;
   for (const char* name : {"seed-1", "seed-2"}) {

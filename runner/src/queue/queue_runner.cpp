@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config/schema.h"
 #include "distributed/worker_env.h"
 #include "gpurun/errors.h"
 #include "launch/worker_process.h"
@@ -34,6 +35,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(100);
+
+/// The entries of a --set list whose key changes what is trained: in the config hash, or not
+/// a key at all (the run's own gpurun says so). cost.*, notify.*, log.* and the like may change
+/// under a run that has a checkpoint, as they may on a `gpurun run --resume`.
+std::vector<std::string> training_sets(const std::vector<std::string>& sets) {
+  std::vector<std::string> out;
+  for (const std::string& s : sets) {
+    std::string key = s.substr(0, s.find('='));
+    key.erase(0, key.find_first_not_of(' '));
+    key.erase(key.find_last_not_of(' ') + 1);
+    const auto& keys = detail::schema();
+    const auto it =
+        std::find_if(keys.begin(), keys.end(), [&](const detail::Key& k) { return key == k.name; });
+    if (it == keys.end() || it->hashed) out.push_back(s);
+  }
+  return out;
+}
 
 class QueueRunner {
  public:
@@ -153,7 +171,9 @@ class QueueRunner {
           const bool trained =
               std::filesystem::exists(run_dir_of(options_.dir, o.name) + "/LATEST");
           const bool changed = o.config != q.config_path || o.sets != q.sets;
-          if (trained && changed)
+          const bool retrains =
+              o.config != q.config_path || training_sets(o.sets) != training_sets(q.sets);
+          if (trained && retrains)
             throw ConfigError("run " + q.name + " in " + options_.dir + " was started as " +
                               o.config + describe_sets(o.sets) + ", but " + queue_.path +
                               " now gives " + q.config_path + describe_sets(q.sets) +
@@ -162,6 +182,9 @@ class QueueRunner {
           rec = o;
           rec.pid = 0;
           if (changed) {
+            if (trained)
+              spdlog::info("queue: {} takes its new{} (they do not change what it trains)", q.name,
+                           describe_sets(q.sets));
             rec.config = q.config_path;
             rec.sets = q.sets;
           }
@@ -387,7 +410,8 @@ class QueueRunner {
       r.error = "stopped at its cost.budget after saving (exit 4)";
       spdlog::warn(
           "queue: {} stopped at its cost.budget after saving (exit 4); it is not restarted: "
-          "raise cost.budget in its config and run the same command to resume it",
+          "raise cost.budget in its config or in the queue file's set: and run the same command to "
+          "resume it",
           r.name);
     } else if (stopping && (r.exit_code == kExitSignal || r.signal != 0)) {
       r.state = RunState::kInterrupted;

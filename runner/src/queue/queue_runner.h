@@ -37,7 +37,8 @@
 //   trained again from its newest good checkpoint (--resume sets the damaged one aside). This
 //   reads each finished run's final checkpoint once per invocation.
 // - A finished or started run keeps its definition: a queue file that changes a started run's
-//   config or sets is refused; a new run added to the file is simply pending.
+//   config, or a set of a key in the config hash, is refused (keys outside it, cost.budget
+//   among them, may change); a new run added to the file is simply pending.
 // - DIR is flock(2)ed (DIR/queue.lock) for the queue's lifetime: a second queue on DIR is
 //   refused while the first lives.
 //
