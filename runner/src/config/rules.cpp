@@ -111,11 +111,15 @@ void check_model_source(RunConfig& c, const std::function<bool(const std::string
              m.name);
 }
 
+std::string resolved_mode(const MetricGoal& goal) {
+  if (goal.mode == "min" || goal.mode == "max") return goal.mode;
+  return goal.metric == "eval_accuracy" ? "max" : "min";
+}
+
 void resolve_metric_goals(RunConfig& c) {
   for (MetricGoal* goal : {static_cast<MetricGoal*>(&c.train.early_stop),
                            static_cast<MetricGoal*>(&c.checkpoint.keep_best)})
-    if (!goal->metric.empty() && goal->mode == "auto")
-      goal->mode = goal->metric == "eval_accuracy" ? "max" : "min";
+    if (!goal->metric.empty() && goal->mode == "auto") goal->mode = resolved_mode(*goal);
 }
 
 std::string batch_split_problem(const RunConfig& c, int64_t world_size) {

@@ -21,9 +21,12 @@ using RuleFailure = std::function<void(const std::string& key, const std::string
 void check_model_source(RunConfig& c, const std::function<bool(const std::string&)>& is_set,
                         const RuleFailure& fail);
 
-/// train.early_stop and checkpoint.keep_best: a mode of `auto` becomes max for eval_accuracy
-/// and min for the losses, so the resolved config says which (a group whose metric is off keeps
-/// `auto`: it does nothing).
+/// `goal`'s mode as min or max: min and max as given; anything else (auto) max for
+/// eval_accuracy and min for the losses.
+std::string resolved_mode(const MetricGoal& goal);
+
+/// train.early_stop and checkpoint.keep_best: a mode of `auto` becomes resolved_mode(), so the
+/// resolved config says which (a group whose metric is off keeps `auto`: it does nothing).
 void resolve_metric_goals(RunConfig& c);
 
 /// Every other rule between keys: the optimizer's, the batch's, and those between the built-in

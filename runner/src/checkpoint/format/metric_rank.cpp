@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "config/rules.h"
+
 namespace gpurun {
 
 std::optional<double> manifest_metric(const nlohmann::json& manifest, const std::string& metric) {
@@ -46,8 +48,7 @@ std::optional<KeepBestConfig> manifest_keep_best(const nlohmann::json& manifest)
   goal.metric = group.value("metric", std::string());
   if (goal.metric.empty()) return std::nullopt;
   goal.mode = group.value("mode", std::string("auto"));
-  if (goal.mode != "min" && goal.mode != "max")
-    goal.mode = goal.metric == "eval_accuracy" ? "max" : "min";
+  goal.mode = detail::resolved_mode(goal);
   goal.k = group.value("k", int64_t{1});
   return goal;
 }
