@@ -132,7 +132,10 @@ TEST(Ddp, SigkilledRankStopsTheJobNamingItAndARestartEndsWithTheSameDigest) {
     const std::string ckpt = dir / (restart ? "restarted" : "failed");
     std::vector<std::string> args = ddp(with_sets({config, "--ckpt", ckpt}, sets), 2);
     if (restart) args.insert(args.end(), {"--max-restarts", "1"});
-    const pid_t launcher = start_gpurun(args, dir / "run");
+    // 20 ms a step in the first process only (the restart runs at full speed): the kill finds
+    // the run going, however fast the machine.
+    const pid_t launcher =
+        start_gpurun(args, dir / "run", {{"GPURUN_FAULT", "sleep20:after_step:*"}});
     ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, "", 120)) << slurp(dir / "run.err");
     const pid_t rank1 = worker_pid(launcher, 1);
     ASSERT_GT(rank1, 0);
@@ -316,8 +319,13 @@ TEST(Ddp, Bf16TwoRanksSigkilledAndResumedEndWithTheUninterruptedDigest) {
   int kills = 0;
   for (int attempt = 0; attempt < 10; ++attempt) {
     const std::string before = slurp(ckpt + "/LATEST");
-    const pid_t launcher = start_gpurun(args, dir / "run");
+    // The runs to be killed take 20 ms a step, so that the kill finds them going.
+    const pid_t launcher = start_gpurun(
+        args, dir / "run", kills < 2 ? Env{{"GPURUN_FAULT", "sleep20:after_step:*"}} : Env{});
     if (kills < 2 && wait_for_new_checkpoint(ckpt, launcher, before)) {
+      // The launcher stopped first: it must not see its dead ranks and exit 1 before its own
+      // SIGKILL, however long this thread waits between the kills.
+      kill(launcher, SIGSTOP);
       for (int rank : {0, 1})
         if (const pid_t pid = worker_pid(launcher, rank); pid > 0) kill(pid, SIGKILL);
       kill(launcher, SIGKILL);
@@ -386,8 +394,10 @@ TEST(Ddp, ForwardedSigtermStopsEveryRankAtOneSavedStepAndAHangIsRestarted) {
   ASSERT_EQ(reference.exit_code, 0) << reference.err;
 
   const std::string ckpt = dir / "ckpt";
-  const pid_t launcher =
-      start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2), dir / "run");
+  // 100 ms a step: the stop must land before step 30, where the resume's hang waits, however
+  // fast the machine and however late the launcher's poll forwards the signal.
+  const pid_t launcher = start_gpurun(ddp(with_sets({config, "--ckpt", ckpt}, sets), 2),
+                                      dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, launcher, "", 120)) << slurp(dir / "run.err");
   kill(launcher, SIGTERM);
   Result stopped = wait_gpurun(launcher, dir / "run", 60);

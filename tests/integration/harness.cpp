@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -200,6 +201,13 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+bool has_exited(pid_t pid) {
+  // WNOWAIT leaves the exit status for wait_gpurun.
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+         info.si_pid != 0;
+}
+
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds) {
   const auto deadline =
@@ -209,15 +217,21 @@ bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::
   while (std::chrono::steady_clock::now() < deadline) {
     const std::string latest = trimmed(slurp(ckpt_dir + "/LATEST"));
     if (!latest.empty() && latest != old_name) return true;
-    // WNOWAIT leaves the exit status for wait_gpurun.
-    siginfo_t info{};
-    if (pid > 0 &&
-        (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-         info.si_pid != 0))
-      return false;
+    if (pid > 0 && has_exited(pid)) return false;
     sleep_for(0.005);
   }
   return false;
+}
+
+int64_t newest_complete_step(const std::string& ckpt) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    newest = std::max<int64_t>(newest, std::stoll(name.substr(name.rfind("-s") + 2)));
+  }
+  return newest;
 }
 
 std::optional<nlohmann::json> wait_for_event(
@@ -229,11 +243,7 @@ std::optional<nlohmann::json> wait_for_event(
   size_t read = 0;  // bytes of complete lines already looked at
   while (std::chrono::steady_clock::now() < deadline) {
     // Whether it exited, asked before the file is read: its last lines are then in it.
-    // WNOWAIT leaves the exit status for wait_gpurun.
-    siginfo_t info{};
-    const bool exited = pid > 0 && (waitid(P_PID, static_cast<id_t>(pid), &info,
-                                           WEXITED | WNOHANG | WNOWAIT) != 0 ||
-                                    info.si_pid != 0);
+    const bool exited = pid > 0 && has_exited(pid);
     const std::string text = slurp(path);
     if (text.size() < read) read = 0;  // replaced: look again from the start
     for (size_t end; (end = text.find('\n', read)) != std::string::npos; read = end + 1) {
@@ -267,7 +277,7 @@ bool wait_for_write_in_flight(const std::string& dir, pid_t pid, double seconds)
       for (const auto& e : fs::directory_iterator(dir, ec))
         if (e.path().filename().string().rfind(".tmp-ckpt", 0) == 0) return true;
     }
-    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    if (has_exited(pid)) return false;
     sleep_for(0.005);
   }
   return false;

@@ -103,12 +103,21 @@ void sleep_for(double seconds);
 /// The system clock in unix seconds, as metrics.jsonl's `time` fields.
 double unix_now();
 
+/// Whether the child `pid` has exited (or is not ours to wait for), leaving its exit status to
+/// wait_gpurun(): never reaps it.
+bool has_exited(pid_t pid);
+
 /// Waits until `ckpt_dir`/LATEST names a checkpoint other than `before` (a new checkpoint was
 /// committed), `pid` exits (0: no process to watch), or `timeout_seconds` pass; true only in the
 /// first case. Tests that interrupt a run "at a random moment" wait for this first and then add a
 /// short random delay, so that every attempt makes progress whatever the machine's speed.
 bool wait_for_new_checkpoint(const std::string& ckpt_dir, pid_t pid, const std::string& before,
                              double timeout_seconds = 120);
+
+/// The global_step of `ckpt`'s newest complete checkpoint, -1 when none: the highest step of a
+/// folder under its final name (renamed once complete). Not LATEST's: a kill between a rename
+/// and LATEST's replacement leaves LATEST one checkpoint behind, and a resume takes the newer.
+int64_t newest_complete_step(const std::string& ckpt);
 
 /// Waits until RUN_DIR/metrics.jsonl holds an `event` line for which `accept` is true (any such
 /// line when `accept` is empty), `pid` exits (0: no process to watch), or `timeout_seconds`

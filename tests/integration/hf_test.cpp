@@ -508,7 +508,7 @@ TEST(HfPlan, PublishedLlamaConfigsAloneGiveCardsToFitInSeconds) {
                      std::string(name) + ".yaml");
     const Result plan = run_gpurun({"plan", config, "--cards", cards, "--json"}, {}, 120);
     ASSERT_EQ(plan.exit_code, 0) << plan.err;
-    EXPECT_LT(plan.seconds, 5) << plan.err;
+    EXPECT_LT(plan.seconds, 30) << plan.err;  // no weights read: seconds, not minutes
     const nlohmann::json j = nlohmann::json::parse(plan.out);
     EXPECT_EQ(j["estimate_only"], true);
     EXPECT_EQ(j["why"], "model.path holds config.json without weights");

@@ -151,20 +151,6 @@ class CpuLoad {
   std::vector<std::thread> threads_;
 };
 
-/// The global_step of `ckpt`'s newest complete checkpoint, -1 when none: the highest step of a
-/// folder under its final name (renamed once complete). Not LATEST's: a kill between a rename
-/// and LATEST's replacement leaves LATEST one checkpoint behind, and a resume takes the newer.
-int64_t newest_complete_step(const std::string& ckpt) {
-  int64_t newest = -1;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(ckpt, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || name.find('.') != std::string::npos) continue;
-    newest = std::max<int64_t>(newest, std::stoll(name.substr(name.rfind("-s") + 2)));
-  }
-  return newest;
-}
-
 // Issue 31, item 6: gpu-check's row 9 (fp16, accumulation 2, SIGKILLed and resumed) once ended
 // with another digest than the uninterrupted run, under ctest -j2 beside a build. Here fp16 with
 // accumulation, on LibTorch's own thread count (not the suite's 1), is SIGKILLed again and again
@@ -201,7 +187,8 @@ TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninte
       const double started =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
               .count();
-      const pid_t pid = start_gpurun(args, log);
+      // 20 ms a step: a kill seen late still finds the run going, not finished.
+      const pid_t pid = start_gpurun(args, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
       // Even kills: once a checkpoint newer than the resumed one is complete. Odd kills: just
       // after a step that saves (a multiple of 3), its write most likely still in flight.
       const bool after_checkpoint = kills % 2 == 0;

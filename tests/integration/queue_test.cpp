@@ -22,6 +22,10 @@ namespace {
 /// killed in on any machine.
 const Env kSlow{{"GPURUN_FAULT", "sleep20:after_step:*"}};
 
+/// 80 ms after every optimizer step: a run of 60 steps lasts >= 4.8 s, where a test does more
+/// between a checkpoint and its kill than a loaded machine does in kSlow's 0.8 s.
+const Env kSlower{{"GPURUN_FAULT", "sleep80:after_step:*"}};
+
 nlohmann::json read_json(const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(slurp(path), nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << path << " is not JSON";
@@ -71,8 +75,7 @@ TEST(Queue, SigkilledDuringItsSecondRunContinuesAndTrainsEachRunOnce) {
   // 80 ms a step: seed-2's last two epochs take 3.2 s, in which the checks below and the kill
   // must fall (at kSlow's 20 ms they took 0.8 s, and a loaded machine once let seed-2 finish
   // first); it still writes an event every step, which the wall time below counts up to.
-  const Env slower{{"GPURUN_FAULT", "sleep80:after_step:*"}};
-  const pid_t pid = start_gpurun(args, dir / "first", slower);
+  const pid_t pid = start_gpurun(args, dir / "first", kSlower);
   // The second run's first checkpoint (end of its first epoch), then the whole group.
   ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-2", pid, "", 120));
   ASSERT_EQ(run_record(qdir, "seed-1").value("state", ""), "finished");
@@ -295,16 +298,17 @@ TEST(Queue, AHungRunIsKilledAfterHangTimeoutAndRestarted) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(200, 20, 1));
   const std::string queue = seeds_queue(dir, config, "1");
-  // The first attempt hangs after step 3 (for 10 minutes); the restart runs clean.
+  // The first attempt hangs after step 3 (for 10 minutes); the restart runs clean. 10 s: the
+  // start-up before the first heartbeat counts, and a loaded machine may take 3 s.
   const Env hangs{{"GPURUN_FAULT", "sleep600000:after_step:3"}};
   const auto t0 = std::chrono::steady_clock::now();
   const Result r = run_gpurun(
-      {"queue", queue, "--dir", dir / "q", "--max-restarts", "1", "--hang-timeout", "3"}, hangs);
+      {"queue", queue, "--dir", dir / "q", "--max-restarts", "1", "--hang-timeout", "10"}, hangs);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_LT(seconds, 60);
-  EXPECT_TRUE(contains(r.err, "made no progress for 3 s")) << r.err;
+  EXPECT_TRUE(contains(r.err, "made no progress for 10 s")) << r.err;
   const nlohmann::json rec = run_record(dir / "q", "seed-1");
   EXPECT_EQ(rec.value("state", ""), "finished");
   EXPECT_EQ(rec.value("restarts", 0), 1);
@@ -317,8 +321,9 @@ TEST(Queue, ASecondQueueOnALiveDirIsRefusedAndSigtermStopsTheQueueWith75) {
   const std::string queue = seeds_queue(dir, config, "1, 2");
   const std::string qdir = dir / "q";
   const std::vector<std::string> args{"queue", queue, "--dir", qdir};
-  // 50 ms a step: the first run lasts >= 3 s, longer than the checks below take.
-  const pid_t pid = start_gpurun(args, dir / "first", {{"GPURUN_FAULT", "sleep50:after_step:*"}});
+  // 150 ms a step: the first run lasts >= 9 s, 6 s of them after its first checkpoint, in which
+  // the two gpurun processes below start and end even on a loaded machine.
+  const pid_t pid = start_gpurun(args, dir / "first", {{"GPURUN_FAULT", "sleep150:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-1", pid, "", 120));
   const Result second = run_gpurun(args);
   EXPECT_EQ(second.exit_code, 2) << second.err;
@@ -347,7 +352,7 @@ TEST(Queue, ARunStoppedAloneIsLeftForTheNextInvocationAndTheOthersGoOn) {
   const std::string queue = seeds_queue(dir, config, "1, 2");
   const std::string qdir = dir / "q";
   const std::vector<std::string> args{"queue", queue, "--dir", qdir, "--max-restarts", "3"};
-  const pid_t pid = start_gpurun(args, dir / "first", kSlow);
+  const pid_t pid = start_gpurun(args, dir / "first", kSlower);
   ASSERT_TRUE(wait_for_new_checkpoint(qdir + "/runs/seed-1", pid, "", 120));
   const int64_t child = run_record(qdir, "seed-1").value("pid", int64_t{0});
   ASSERT_GT(child, 0);
@@ -488,11 +493,12 @@ TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
                                  budget + ", stop_command: 'echo run >> " + runs_marker + "'}\n");
   };
   const std::string queue =
-      seeds_queue(dir, config_with("3"), "1, 2",
+      seeds_queue(dir, config_with("6"), "1, 2",
                   "stop_command: echo queue $GPURUN_EXIT_CODE >> " + queue_marker + "\n");
   const std::string qdir = dir / "q";
-  // 100 ms a step: 60 steps are 6 s, and the budget is 3 s of a unit a second.
-  const Env slow{{"GPURUN_FAULT", "sleep100:after_step:*"}};
+  // 150 ms a step: 60 steps are 9 s, and the budget is 6 s of a unit a second, of which a
+  // loaded machine's start-up may take 3 s before the first step.
+  const Env slow{{"GPURUN_FAULT", "sleep150:after_step:*"}};
   const Result r = run_gpurun({"queue", queue, "--dir", qdir, "--max-restarts", "3"}, slow);
   EXPECT_EQ(r.exit_code, 4) << r.err;
   for (const char* name : {"seed-1", "seed-2"}) {
@@ -513,11 +519,11 @@ TEST(Queue, ARunStoppedAtItsBudgetWaitsForARaisedOneAndTheQueueExits4) {
   // A training key changed in the queue file is refused; the budget raised there is taken.
   const std::string stop_line =
       "stop_command: echo queue $GPURUN_EXIT_CODE >> " + queue_marker + "\n";
-  seeds_queue(dir, config_with("3"), "1, 2", "set: [optim.lr=0.5]\n" + stop_line);
+  seeds_queue(dir, config_with("6"), "1, 2", "set: [optim.lr=0.5]\n" + stop_line);
   const Result refused = run_gpurun({"queue", queue, "--dir", qdir});
   EXPECT_EQ(refused.exit_code, 2) << refused.err;
   EXPECT_TRUE(contains(refused.err, "keeps its definition")) << refused.err;
-  seeds_queue(dir, config_with("3"), "1, 2", "set: [cost.budget=1000]\n" + stop_line);
+  seeds_queue(dir, config_with("6"), "1, 2", "set: [cost.budget=1000]\n" + stop_line);
   const Result again = run_gpurun({"queue", queue, "--dir", qdir});
   EXPECT_EQ(again.exit_code, 0) << again.err;
   for (const char* name : {"seed-1", "seed-2"}) {

@@ -1,6 +1,5 @@
 // Kill-and-resume with the real binary on real Fashion-MNIST data (issue 2; cases 1, 2, 7).
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
@@ -98,7 +97,7 @@ TEST(KillResume, SigkillDuringCheckpointWriteKeepsThePreviousOne) {
             break;
           }
       }
-      if (waitpid(pid, nullptr, WNOHANG) != 0) break;
+      if (has_exited(pid)) break;
       sleep_for(0.002);
     }
     Result r = wait_gpurun(pid, dir / "run");
@@ -284,9 +283,11 @@ TEST(ResumeCheck, TheStepsTheKilledRunLoggedAfterItsCheckpointAreComparedBitForB
   const std::string config = write_config(dir, small_config(460, 10, 1));
   const std::vector<std::string> sets{"checkpoint.every_steps=7", "checkpoint.async=false"};
   const std::string ckpt = dir / "ckpt", edited = dir / "edited";
-  // 20 ms a step: the kill finds the run between steps 30 and 35.
-  const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "killed",
-                                 {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+  // 20 ms a step, and a pause before step 32 is logged: the kill finds the run between steps 30
+  // and 32, before step 35's save, however late it comes.
+  const pid_t pid =
+      start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), dir / "killed",
+                   {{"GPURUN_FAULT", "sleep20:after_step:*,sleep300000:after_step:32"}});
   ASSERT_TRUE(wait_for_step(ckpt, 30, pid));
   kill(pid, SIGKILL);
   ASSERT_EQ(wait_gpurun(pid, dir / "killed").signal, SIGKILL);
@@ -342,8 +343,10 @@ TEST(ResumeCheck, NothingIsComparedWhenTheNumericsDiffer) {
   for (const std::string change : {"", "train.threads=2", "log.every_steps=2", "train.epochs=2"}) {
     SCOPED_TRACE("changed: " + change);
     const std::string ckpt = dir / ("ckpt-" + change);
-    const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), ckpt + "-killed",
-                                   {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+    // Paused before step 11 is logged: the kill comes before step 14's save.
+    const pid_t pid =
+        start_gpurun(with_sets({config, "--ckpt", ckpt}, sets), ckpt + "-killed",
+                     {{"GPURUN_FAULT", "sleep20:after_step:*,sleep300000:after_step:11"}});
     ASSERT_TRUE(wait_for_step(ckpt, 9, pid));
     kill(pid, SIGKILL);
     ASSERT_EQ(wait_gpurun(pid, ckpt + "-killed").signal, SIGKILL);
@@ -385,8 +388,10 @@ TEST(ResumeCheck, AnotherRunInTheSameRunDirIsNotComparedWith) {
     // This process's events only: the other run's are in the same file.
     const double started =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    // Paused before step 11 is logged: the kill comes before step 14's save.
     const pid_t pid =
-        start_gpurun(args, dir / (name + "-killed"), {{"GPURUN_FAULT", "sleep20:after_step:*"}});
+        start_gpurun(args, dir / (name + "-killed"),
+                     {{"GPURUN_FAULT", "sleep20:after_step:*,sleep300000:after_step:11"}});
     ASSERT_TRUE(wait_for_event(
         run_dir, "step",
         [&](const nlohmann::json& e) {

@@ -100,8 +100,10 @@ class KilledAndResumed : public ::testing::Test {
     const std::string config = write_config(*dir_, small_config(960, 20, 2));
     run_ = *dir_ / "run";
     const std::vector<std::string> args =
-        with_sets({config, "--ckpt", run_, "--resume"}, {"checkpoint.every_steps=8"});
-    // 100 ms a step: a checkpoint's background write ends well before the kill 5 steps on.
+        with_sets({config, "--ckpt", run_, "--resume"},
+                  {"checkpoint.every_steps=8", "checkpoint.async=false"});
+    // Synchronous saves: the checkpoint before each kill is committed, however loaded the
+    // machine; 100 ms a step keeps the run's wall time worth charting.
     const std::string slow = "sleep100:after_step:*";
     const std::pair<std::string, int> processes[] = {{slow + ",sigkill:after_step:13", -1},
                                                      {slow + ",sigkill:after_step:53", -1},
@@ -262,9 +264,9 @@ TEST(SeeTheRun, ASupervisedRestartIsMarkedAndContinuesTheCurve) {
   TempDir dir("see-the-run");
   const std::string config = write_config(dir, small_config(960, 20, 1));
   const std::string run = dir / "run";
-  const Result r = run_gpurun(
-      with_sets({config, "--ckpt", run, "--max-restarts", "1"}, {"checkpoint.every_steps=8"}),
-      {{"GPURUN_FAULT", "sleep100:after_step:*,sigkill:after_step:13"}});
+  const Result r = run_gpurun(with_sets({config, "--ckpt", run, "--max-restarts", "1"},
+                                        {"checkpoint.every_steps=8", "checkpoint.async=false"}),
+                              {{"GPURUN_FAULT", "sleep100:after_step:*,sigkill:after_step:13"}});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Result report = run_gpurun({"report", run});
   ASSERT_EQ(report.exit_code, 0) << report.err;

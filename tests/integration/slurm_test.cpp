@@ -321,7 +321,8 @@ TEST_F(Slurm, AJobStoppedBeforeItsFirstCheckpointStartsCleanly) {
   prepare();
   std::vector<std::string> args = sbatch_options(dir_);
   args.push_back(kExample);
-  const std::string id = submit(args, job_env(cfg_, ckpt_, 50));
+  // 200 ms a step: the run is still going when wait_state, polling through the cluster, sees it.
+  const std::string id = submit(args, job_env(cfg_, ckpt_, 200));
   ASSERT_EQ(wait_state(id, {"RUNNING", "COMPLETED"}, 60), "RUNNING");
   ASSERT_EQ(ctl({"scancel", "--signal=TERM", "--full", id}).exit_code, 0);
   expect_completed_at_the_reference(id, 300);

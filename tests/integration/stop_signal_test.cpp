@@ -58,7 +58,8 @@ class BusyMachine {
 // SIGTERM at moments spread over the first 2 s after gpurun's own code starts (the dynamic
 // loader's relocation before it, 10-40 ms, is the one window a signal still kills: the examples
 // requeue on 143 too): start-up, the memory probe, the first steps. Every run exits 75 saying
-// so, and a stopped run resumes to the end.
+// so, and a stopped run resumes to the end. Each step pauses 20 ms, so the 300 steps last 6 s
+// at least: a fast machine must not finish the run before the latest signal lands.
 TEST(StopSignal, ASigtermAtAnyMomentOfStartUpExits75) {
   TempDir dir;
   const std::string config = write_config(dir, small_config(6000, 60, 3));
@@ -70,7 +71,8 @@ TEST(StopSignal, ASigtermAtAnyMomentOfStartUpExits75) {
     SCOPED_TRACE("SIGTERM " + std::to_string(delay) + " s after gpurun's code started");
     const std::string ckpt = dir / ("run" + std::to_string(i));
     const std::string log = dir / ("log" + std::to_string(i));
-    const pid_t pid = start_gpurun({config, "--ckpt", ckpt}, log);
+    const pid_t pid =
+        start_gpurun({config, "--ckpt", ckpt}, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!gpurun_code_runs(pid) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::microseconds(200));

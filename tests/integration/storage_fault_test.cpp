@@ -91,7 +91,9 @@ TEST(StorageFaults, FailingWritesAndRenamesLoseNothingCompleteAndAreEachNamed) {
   const std::string ckpt = storage.path() + "/ckpt", run = dir / "run";
 
   const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--run-dir", run}, sets),
-                                 dir / "gpurun", {{"GPURUN_FAULT", "sleep30:after_step:*"}});
+                                 dir / "gpurun", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
+  // 100 ms a step (6 s in all): the four faults below, each seen by one failed save, are all
+  // set and cleared before the final save, however slowly this thread runs.
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, "", 120)) << slurp(dir / "gpurun.err");
   for (const std::string fault : {"error write ENOSPC path .tmp-", "error write EDQUOT path .tmp-",
                                   "error write EIO path .tmp-", "error rename ESTALE path ckpt-"}) {
@@ -166,13 +168,6 @@ TEST(StorageFaults, AHungNetworkTierNeverFreezesTrainingAndAStopSignalStillExits
   EXPECT_TRUE(contains(resumed.err, "resuming from the local tier")) << resumed.err;
 }
 
-/// The global_step of `ckpt`'s newest complete checkpoint (LATEST's folder), -1 when none.
-int64_t newest_step(const std::string& ckpt) {
-  const std::string latest = trimmed(slurp(ckpt + "/LATEST"));
-  if (latest.empty()) return -1;
-  return std::stoll(latest.substr(latest.rfind("-s") + 2));
-}
-
 // Three SIGKILLs of a run whose storage is slow (every write, fsync and rename waits 10 ms, as
 // on a loaded NFS server) and drops one checkpoint write in twenty with EIO: each resume starts
 // from a checkpoint at least as new as the newest complete one before the kill (nothing
@@ -206,7 +201,7 @@ TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestComplet
     ::kill(pid, SIGKILL);
     Result killed = wait_gpurun(pid, log, 30);
     ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
-    complete_at_kill.push_back(newest_step(ckpt));
+    complete_at_kill.push_back(newest_complete_step(ckpt));
     ASSERT_GT(complete_at_kill.back(), 0);
     Result check = run_gpurun({"ckpt", "verify", ckpt});
     EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
@@ -247,7 +242,7 @@ TEST(StorageFaults, ALeaseOnSlowStorageIsTakenOverFromAKilledHolderAndAReadOnlyT
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, holder, "", 120)) << slurp(dir / "holder.err");
   ::kill(holder, SIGKILL);
   wait_gpurun(holder, dir / "holder", 30);
-  const int64_t complete = newest_step(ckpt);
+  const int64_t complete = newest_complete_step(ckpt);
 
   const auto start = std::chrono::steady_clock::now();
   const pid_t taker =
