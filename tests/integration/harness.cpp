@@ -201,6 +201,15 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+int64_t resumed_step(const std::string& err) {
+  const size_t line = err.find("resuming from ");
+  if (line == std::string::npos) return -1;
+  const std::string key = ", global step ";
+  const size_t at = err.find(key, line);
+  if (at == std::string::npos || at > err.find('\n', line)) return -1;
+  return std::stoll(err.substr(at + key.size()));
+}
+
 bool has_exited(pid_t pid) {
   // WNOWAIT leaves the exit status for wait_gpurun.
   siginfo_t info{};

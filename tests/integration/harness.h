@@ -103,6 +103,10 @@ void sleep_for(double seconds);
 /// The system clock in unix seconds, as metrics.jsonl's `time` fields.
 double unix_now();
 
+/// The global step a gpurun process said it resumed from on its stderr `err` ("resuming from
+/// PATH: epoch E, global step N, ..."), -1 when it said none.
+int64_t resumed_step(const std::string& err);
+
 /// Whether the child `pid` has exited (or is not ours to wait for), leaving its exit status to
 /// wait_gpurun(): never reaps it.
 bool has_exited(pid_t pid);

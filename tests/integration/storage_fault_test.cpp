@@ -186,6 +186,7 @@ TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestComplet
 
   int survived = 0;
   std::vector<int64_t> complete_at_kill;
+  std::vector<int64_t> resumed_at;  // each resumed process's step, from its own stderr
   for (int kill_number = 0; kill_number < 3; ++kill_number) {
     std::vector<std::string> args = with_sets({config, "--ckpt", ckpt}, sets);
     if (kill_number > 0) args.push_back("--resume");
@@ -201,6 +202,7 @@ TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestComplet
     ::kill(pid, SIGKILL);
     Result killed = wait_gpurun(pid, log, 30);
     ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+    if (kill_number > 0) resumed_at.push_back(resumed_step(killed.err));
     complete_at_kill.push_back(newest_complete_step(ckpt));
     ASSERT_GT(complete_at_kill.back(), 0);
     Result check = run_gpurun({"ckpt", "verify", ckpt});
@@ -210,11 +212,12 @@ TEST(StorageFaults, KilledThreeTimesOnASlowFlakyMountResumesFromTheNewestComplet
   storage.set(slow);
   Result done = run_gpurun(with_sets({config, "--ckpt", ckpt, "--resume"}, sets));
   ASSERT_EQ(done.exit_code, 0) << done.err;
-  const auto resumes = events(ckpt, "resume");
-  ASSERT_EQ(resumes.size(), 3u);
-  // Each resume starts from the newest checkpoint complete at the kill, never an older one.
-  for (size_t i = 0; i < resumes.size(); ++i)
-    EXPECT_EQ(resumes[i].value("global_step", -1), complete_at_kill[i]) << i;
+  resumed_at.push_back(resumed_step(done.err));
+  // Each resume starts from the newest checkpoint complete at the kill, never an older one. The
+  // steps come from stderr: a SIGKILL may take a `resume` event still queued for this slow
+  // storage's metrics.jsonl with it (report/file_writer.h).
+  ASSERT_EQ(resumed_at.size(), complete_at_kill.size());
+  for (size_t i = 0; i < resumed_at.size(); ++i) EXPECT_EQ(resumed_at[i], complete_at_kill[i]) << i;
   EXPECT_EQ(inspect(ckpt).value("model_digest", ""), expected);
   const auto counts = storage.injected();
   std::cout << "[ measured ] kills survived " << survived << "; faults injected: delay "
