@@ -202,12 +202,14 @@ double unix_now() {
 }
 
 int64_t resumed_step(const std::string& err) {
-  const size_t line = err.find("resuming from ");
-  if (line == std::string::npos) return -1;
-  const std::string key = ", global step ";
-  const size_t at = err.find(key, line);
-  if (at == std::string::npos || at > err.find('\n', line)) return -1;
-  return std::stoll(err.substr(at + key.size()));
+  // The first line of that form: others start alike ("resuming from the local tier ...").
+  const std::string start = "resuming from ", key = ", global step ";
+  for (size_t line = err.find(start); line != std::string::npos; line = err.find(start, line + 1)) {
+    const size_t at = err.find(key, line);
+    if (at != std::string::npos && at < err.find('\n', line))
+      return std::stoll(err.substr(at + key.size()));
+  }
+  return -1;
 }
 
 bool has_exited(pid_t pid) {
