@@ -184,9 +184,7 @@ TEST(Precision, Fp16WithAccumulationKilledManyTimesUnderCpuLoadEndsWithTheUninte
       const std::string log = dir / ("run" + std::to_string(attempt));
       const int64_t resumed_at = std::max<int64_t>(newest_complete_step(ckpt), 0);
       // Events of this process only: an earlier one may have logged steps past its checkpoint.
-      const double started =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
+      const double started = unix_now();
       // 20 ms a step: a kill seen late still finds the run going, not finished.
       const pid_t pid = start_gpurun(args, log, {{"GPURUN_FAULT", "sleep20:after_step:*"}});
       // Even kills: once a checkpoint newer than the resumed one is complete. Odd kills: just

@@ -386,8 +386,7 @@ TEST(ResumeCheck, AnotherRunInTheSameRunDirIsNotComparedWith) {
     else
       args = with_sets(args, {sets[0], sets[1]});
     // This process's events only: the other run's are in the same file.
-    const double started =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const double started = unix_now();
     // Paused before step 11 is logged: the kill comes before step 14's save.
     const pid_t pid =
         start_gpurun(args, dir / (name + "-killed"),

@@ -90,10 +90,10 @@ TEST(StorageFaults, FailingWritesAndRenamesLoseNothingCompleteAndAreEachNamed) {
   const std::string expected = reference_digest(dir, config, sets);
   const std::string ckpt = storage.path() + "/ckpt", run = dir / "run";
 
-  const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--run-dir", run}, sets),
-                                 dir / "gpurun", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
   // 100 ms a step (6 s in all): the four faults below, each seen by one failed save, are all
   // set and cleared before the final save, however slowly this thread runs.
+  const pid_t pid = start_gpurun(with_sets({config, "--ckpt", ckpt, "--run-dir", run}, sets),
+                                 dir / "gpurun", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
   ASSERT_TRUE(wait_for_new_checkpoint(ckpt, pid, "", 120)) << slurp(dir / "gpurun.err");
   for (const std::string fault : {"error write ENOSPC path .tmp-", "error write EDQUOT path .tmp-",
                                   "error write EIO path .tmp-", "error rename ESTALE path ckpt-"}) {

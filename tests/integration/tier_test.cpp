@@ -300,9 +300,9 @@ TEST(Tiers, TheEndWaitsForTheFinalCopyAndAResumeOnTheSameMachineFinishesIt) {
   const std::string net = disk.path() + "/ckpt";
   const std::vector<std::string> sets{"checkpoint.every_steps=5",
                                       "checkpoint.local_dir=" + (dir / "local")};
+  // 100 ms a step: the remount (retried while busy) comes well before the final copy.
   pid_t pid = start_gpurun(with_sets({config, "--ckpt", net, "--run-dir", dir / "run"}, sets),
                            dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
-  // 100 ms a step: the remount (retried while busy) comes well before the final copy.
   ASSERT_TRUE(wait_for_new_checkpoint(net, pid, "", 120)) << slurp(dir / "run.err");
   ASSERT_TRUE(disk.remount_read_only());
   // The network tier stays read-only to the end: the run cannot say it finished.
@@ -333,9 +333,9 @@ TEST(Tiers, AStopSignalDuringTheFinalCopyEndsTheWaitWithExit75) {
   // 50 attempts: without the signal the end would wait about 100 s.
   const std::vector<std::string> sets{"checkpoint.every_steps=5", "checkpoint.max_failures=50",
                                       "checkpoint.local_dir=" + (dir / "local")};
+  // 100 ms a step: the remount (retried while busy) comes well before the final copy.
   pid_t pid = start_gpurun(with_sets({config, "--ckpt", net, "--run-dir", dir / "run"}, sets),
                            dir / "run", {{"GPURUN_FAULT", "sleep100:after_step:*"}});
-  // 100 ms a step: the remount (retried while busy) comes well before the final copy.
   ASSERT_TRUE(wait_for_new_checkpoint(net, pid, "", 120)) << slurp(dir / "run.err");
   ASSERT_TRUE(disk.remount_read_only());
   // Inside the final wait: the final save's checkpoint event follows the epoch's, as the end's

@@ -344,8 +344,7 @@ TEST(Lease, StaleHeartbeatIsTakenOverAndForceTakesALiveOne) {
   const std::string config = write_config(dir, small_config(60, 30, 1));
   std::filesystem::create_directories(dir / "ckpt");
   // A lease from another machine whose heartbeat stopped 1000 s ago.
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = unix_now();
   std::ofstream(dir / "ckpt/lease.json") << nlohmann::json{
       {"host", "reclaimed-spot-vm"},
       {"pid", 4242},
